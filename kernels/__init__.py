@@ -1,0 +1,11 @@
+"""Hand-written Triton kernels for the speedrun, one module per kernel family.
+
+- ``kernels.transpose``: ``transpose_copy`` / ``transpose_add`` (tied embedding <-> transposed LM head).
+- ``kernels.polar_express``: Gram products and Polar Express orthogonalization (Muon).
+- ``kernels.momentum``: fused Nesterov momentum + Frobenius normalization feeding Polar Express.
+- ``kernels.embedding``: deterministic embedding backward and an autograd-aware lookup.
+- ``kernels.adam``: fused AdamW with fp32 master weights.
+- ``kernels.bench``: ``python -m kernels.bench``, the benchmark of all of the above.
+
+Importing this package does no work: each module is imported on its own.
+"""

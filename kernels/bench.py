@@ -1,0 +1,125 @@
+"""One benchmark for every kernel family: ``python -m kernels.bench [--only NAME ...] [--csv PATH]``.
+
+Each kernel module exposes ``bench_cases(device)``, returning a list of dicts:
+
+    op        str       kernel name as the module exports it, e.g. "transpose_copy"
+    shape     str       human-readable shape, e.g. "768x50304"
+    dtype     str       e.g. "bf16"
+    fn        callable  no arguments; runs our kernel once on preallocated inputs
+    bytes     int       minimum DRAM traffic: each input read once + each output written once
+    flops     int       useful floating-point operations (0 for pure data movement)
+    baselines dict      name -> callable with no arguments ("torch", "torch.compile", ...)
+    check     callable  optional, no arguments; raises if ``fn``'s result is wrong (run once, untimed)
+
+The harness times every callable with ``triton.testing.do_bench`` (CUDA events, median), computes achieved
+GB/s and TFLOP/s, the roofline time ``max(bytes / BW, flops / PEAK)`` and the percent of it reached, the
+speedup over each baseline, prints one table and writes a CSV with the GPU name, versions and git sha.
+
+Ceilings (measured on the lent machines, see ../shared/GPU.md): device-to-device copy and dense bf16
+matmul. Other GPUs fall back to the H100 numbers with a warning.
+"""
+import argparse
+import csv
+import importlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+# (memory bandwidth in bytes/s counting read + write, dense bf16 matmul FLOP/s)
+CEILINGS = {
+    "H200": (4.3e12, 790e12),
+    "H100": (3.0e12, 800e12),
+}
+MODULES = ["transpose", "polar_express", "momentum", "embedding", "adam"]
+
+
+def ceilings_for(gpu_name):
+    for key, value in CEILINGS.items():
+        if key in gpu_name:
+            return value
+    print(f"warning: no measured ceilings for {gpu_name!r}; using the H100 figures", file=sys.stderr)
+    return CEILINGS["H100"]
+
+
+def git_sha():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def time_us(fn, warmup_ms, rep_ms):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def fmt_rate(case, us):
+    if case["flops"]:
+        return f"{case['flops'] / us / 1e6:.1f} TFLOP/s"
+    return f"{case['bytes'] / us / 1e3:.0f} GB/s"
+
+
+def run(modules, csv_path, warmup_ms, rep_ms):
+    import torch
+    import triton
+    if not torch.cuda.is_available():
+        sys.exit("kernels.bench needs a CUDA GPU: timings under the Triton interpreter mean nothing.")
+    gpu = torch.cuda.get_device_name()
+    bw, peak = ceilings_for(gpu)
+    rows = []
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton.__version__} | CUDA {torch.version.cuda} | "
+          f"git {git_sha()} | ceilings {bw / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s", flush=True)
+    for name in modules:
+        mod = importlib.import_module(f"kernels.{name}")
+        for case in mod.bench_cases("cuda"):
+            if case.get("check") is not None:
+                case["check"]()
+            us = time_us(case["fn"], warmup_ms, rep_ms)
+            roof_us = max(case["bytes"] / bw, case["flops"] / peak) * 1e6
+            row = dict(module=name, op=case["op"], shape=case["shape"], dtype=case["dtype"], us=us,
+                       rate=fmt_rate(case, us), roofline_us=roof_us, pct_roofline=100 * roof_us / us,
+                       bytes=case["bytes"], flops=case["flops"])
+            for bname, bfn in case.get("baselines", {}).items():
+                try:
+                    b_us = time_us(bfn, warmup_ms, rep_ms)
+                except Exception as e:  # a baseline that cannot run is reported, not fatal
+                    print(f"  baseline {bname} for {case['op']} {case['shape']} failed: {type(e).__name__}: {e}",
+                          file=sys.stderr)
+                    b_us = float("nan")
+                row[f"{bname}_us"] = b_us
+                row[f"speedup_vs_{bname}"] = b_us / us
+            rows.append(row)
+            base = "  ".join(f"{k[:-3]} {v:8.1f} us ({row['speedup_vs_' + k[:-3]]:.2f}x)"
+                             for k, v in row.items() if k.endswith("_us") and k not in ("us", "roofline_us"))
+            print(f"{row['op']:>22} | {row['shape']:>16} | {row['dtype']:>5} | {us:8.1f} us | {row['rate']:>15} | "
+                  f"{row['pct_roofline']:5.1f}% of {roof_us:7.1f} us | {base}", flush=True)
+    meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                python=platform.python_version(), git_sha=git_sha(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if csv_path:
+        keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k)) if rows else []
+        with open(csv_path, "w", newline="") as f:
+            f.write("# " + " ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
+            w = csv.DictWriter(f, fieldnames=list(meta) + keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({**meta, **r})
+        print(f"wrote {csv_path} ({len(rows)} rows)")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", choices=MODULES, help="kernel families to run (default: all)")
+    ap.add_argument("--csv", default="kernels_bench.csv", help="CSV output path ('' to skip)")
+    ap.add_argument("--warmup-ms", type=float, default=25)
+    ap.add_argument("--rep-ms", type=float, default=200)
+    a = ap.parse_args(argv)
+    run(a.only or MODULES, a.csv, a.warmup_ms, a.rep_ms)
+
+
+if __name__ == "__main__":
+    main()
