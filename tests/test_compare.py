@@ -1,0 +1,436 @@
+"""Tests of records/compare.py: log parsing (public and our format), statistics, warnings, outputs, CLI.
+
+Synthetic logs are written in tmp_path by ``write_log`` in this project's format; the public format is checked
+on ``tests/fixtures/modded_nanogpt_011625_Sub3Min_excerpt.txt`` (an excerpt of a real public log, see
+``tests/fixtures/README.md`` for its provenance and the numbers expected here).
+"""
+import hashlib
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "modded_nanogpt_011625_Sub3Min_excerpt.txt"
+
+# records/ is a folder of records, not a package: load the tool by path.
+_spec = importlib.util.spec_from_file_location("records_compare", ROOT / "records" / "compare.py")
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+SEP = "=" * 100
+SUMMARY_COLUMNS = ["Group", "Runs", "Steps", "Time-mean", "Time-std", "Time-delta", "Loss-mean", "Loss-std",
+                   "Loss-delta", "p"]
+
+
+def write_log(path, final_loss, final_time_ms, *, total=100, gpu="NVIDIA H200 x 1", torch_version="2.11.0+cu128",
+              source="print('train')\n", mid_loss=None, validate=True, finish=True, cut_final=False,
+              corpus="fineweb10B"):
+    """Write a log in train_gpt.py's format: validation at steps 0, total/2 and total (when finished).
+
+    ``mid_loss`` defaults to ``final_loss + 0.5`` so runs with different final losses have different loss
+    sequences; ``cut_final`` ends the file in the middle of the final validation line.
+    """
+    mid = total // 2
+    mid_loss = final_loss + 0.5 if mid_loss is None else mid_loss
+    lines = ["# ===== file: train_gpt.py =====", *source.splitlines(), SEP,
+             "git_sha: 0123456789abcdef", "python: 3.12.3 (main, Apr 10 2025)", f"torch: {torch_version}",
+             "triton: 3.6.0", "cuda: 12.8", f"gpu: {gpu}", "world_size: 1", f"corpus: {corpus}",
+             'hyperparameters: {"num_iterations": %d, "seed": 0}' % total,
+             f"Running PyTorch {torch_version} compiled for CUDA 12.8",
+             "|   0  NVIDIA H200                    On  |   00000000:19:00.0 Off |                    0 |",
+             SEP]
+    step_ms = final_time_ms / total
+    for step in range(total + 1):
+        t = round(step * step_ms)
+        avg = f"{t / step:.2f}" if step else "nan"
+        if validate and step in (0, mid) and step < total:
+            loss = 10.8258 if step == 0 else mid_loss
+            lines.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{t}ms step_avg:{avg}ms")
+        if step == total and not finish:
+            break
+        if step > 0:
+            lines.append(f"step:{step}/{total} train_time:{t}ms step_avg:{avg}ms")
+    if finish and validate:
+        final = f"step:{total}/{total} val_loss:{final_loss:.4f} train_time:{final_time_ms}ms " \
+                f"step_avg:{final_time_ms / total:.2f}ms"
+        if cut_final:
+            Path(path).write_text("\n".join(lines) + "\n" + final[: len(final) // 2])
+            return path
+        lines.append(final)
+    if finish:
+        lines += ["peak memory allocated: 21000 MiB reserved: 22500 MiB", "tokens_per_s_per_gpu: 812345",
+                  "mfu: 41.5%", "compile_warmup_s: 73.2"]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_main(argv, capsys):
+    rc = compare.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def parse_markdown_table(text, first_column):
+    """Rows (as dicts) of the Markdown table whose header starts with ``| first_column |``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split("|")))))
+    return header, rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parsing
+
+
+def test_public_fixture_parsed():
+    run = compare.parse_log(FIXTURE)
+    text = FIXTURE.read_text()
+    source = text[: text.index(SEP)]
+    assert run.source_hash == hashlib.sha256(source.encode()).hexdigest()[:10]
+    assert run.python == "3.12.7"
+    assert run.torch == "2.7.0.dev20250110+cu126"
+    assert run.cuda == "12.6"
+    assert run.triton is None
+    assert (run.gpu_model, run.gpu_count) == ("NVIDIA H100 80GB HBM3", 8)
+    assert (run.total_steps, run.last_step, run.finished, run.usable) == (1385, 1385, True, True)
+    assert run.val_loss == 3.2792
+    assert run.train_time_s == pytest.approx(178.752, abs=1e-12)
+    assert run.step_avg_ms == 130.00
+    assert (run.peak_mem_allocated_mib, run.peak_mem_reserved_mib) == (37653, 39236)
+    assert run.val_curve == [(0, 0.0, 10.8258), (125, 14290.0, 4.3930), (1375, 177379.0, 3.2811),
+                             (1385, 178752.0, 3.2792)]
+    assert run.problems == []
+
+
+def test_our_format_parsed(tmp_path):
+    run = compare.parse_log(write_log(tmp_path / "a.txt", 3.2765, 61234, total=40))
+    assert (run.git_sha, run.python, run.torch, run.triton, run.cuda) == \
+        ("0123456789abcdef", "3.12.3", "2.11.0+cu128", "3.6.0", "12.8")
+    # The "gpu:" line (what training used) wins over the nvidia-smi table (what the machine has).
+    assert (run.gpu_model, run.gpu_count, run.world_size) == ("NVIDIA H200", 1, 1)
+    assert run.corpus == "fineweb10B"
+    assert run.hyperparameters == {"num_iterations": 40, "seed": 0}
+    assert (run.total_steps, run.val_loss, run.train_time_s, run.step_avg_ms) == (40, 3.2765, 61.234, 1530.85)
+    assert (run.tokens_per_s_per_gpu, run.mfu_pct, run.compile_warmup_s) == (812345.0, 41.5, 73.2)
+    assert [v for _, _, v in run.val_curve] == [10.8258, 3.7765, 3.2765]
+
+
+def test_old_public_format_with_train_loss():
+    text = "\n".join(["import os", SEP, "Running PyTorch 2.5.0 compiled for CUDA 12.4", SEP,
+                      "step:0/4 val_loss:10.8258 train_time:0ms step_avg:nanms",
+                      "step:1/4 train_loss:10.8258 train_time:30ms step_avg:nanms",
+                      "step:2/4 train_loss:9.5 train_time:60ms step_avg:30.00ms",
+                      "step:3/4 train_loss:8.25 train_time:90ms step_avg:30.00ms",
+                      "step:4/4 train_loss:7.0 train_time:120ms step_avg:30.00ms",
+                      "step:4/4 val_loss:7.1234 train_time:121ms step_avg:30.25ms", ""])
+    run = compare.parse_log_text(text, "old.txt")
+    assert run.train_losses == [(1, 10.8258), (2, 9.5), (3, 8.25), (4, 7.0)]
+    assert (run.val_loss, run.train_time_s, run.step_avg_ms, run.finished) == (7.1234, 0.121, 30.25, True)
+    assert (run.torch, run.cuda, run.gpu_model) == ("2.5.0", "12.4", None)
+
+
+def test_truncated_log_is_unfinished(tmp_path):
+    run = compare.parse_log(write_log(tmp_path / "cut.txt", 3.27, 60000, cut_final=True))
+    assert not run.finished and not run.usable
+    assert run.val_loss is None and run.train_time_s is None
+    assert run.last_step == 100
+    assert any("cut short" in p for p in run.problems)
+    assert any("unfinished" in p for p in run.problems)
+
+
+def test_unfinished_and_no_validation(tmp_path):
+    unfinished = compare.parse_log(write_log(tmp_path / "u.txt", 3.27, 60000, finish=False))
+    assert not unfinished.usable and unfinished.last_step == 99 and len(unfinished.val_curve) == 2
+    no_val = compare.parse_log(write_log(tmp_path / "n.txt", 3.27, 60000, validate=False))
+    assert not no_val.usable and no_val.val_curve == []
+    assert "no validation line" in no_val.problems
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "empty file"),
+    (b"  \n\n", "empty file"),
+    (bytes(range(256)) * 4, "binary"),
+    (b"\xff\xfe\x80junk", "not UTF-8"),
+    (("import os\n" + SEP + "\nRunning PyTorch 2.7 compiled for CUDA 12.6\n").encode(), "no complete step line"),
+    (b"step:5/100 train_ti", "no complete step line"),
+])
+def test_malformed_files_raise_log_error(tmp_path, content, reason):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    with pytest.raises(compare.LogError, match=reason):
+        compare.parse_log(path)
+
+
+def test_missing_file_raises_log_error(tmp_path):
+    with pytest.raises(compare.LogError, match="cannot read"):
+        compare.parse_log(tmp_path / "absent.txt")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def _runs_from_losses(tmp_path, name, losses, times_ms):
+    folder = tmp_path / name
+    folder.mkdir()
+    return [compare.parse_log(write_log(folder / f"{i}.txt", loss, t))
+            for i, (loss, t) in enumerate(zip(losses, times_ms))]
+
+
+def test_one_sample_p_hand_computed(tmp_path):
+    # mean 3.27, sample std 0.01, n=3: t = -0.01 / (0.01/sqrt(3)) = -sqrt(3); for df=2 the t CDF has the closed
+    # form F(t) = 1/2 + t / (2 sqrt(2 + t^2)), so p = 1/2 - sqrt(3) / (2 sqrt(5)) = 0.112701...
+    runs = _runs_from_losses(tmp_path, "g", [3.27, 3.28, 3.26], [60000, 61000, 62000])
+    g = compare.group_stats(runs, 3.28)
+    assert g["loss_mean"] == pytest.approx(3.27, abs=1e-12)
+    assert g["loss_std"] == pytest.approx(0.01, rel=1e-9)
+    assert g["p_below_target"] == pytest.approx(0.5 - math.sqrt(3) / (2 * math.sqrt(5)), rel=1e-9)
+
+
+def test_group_stats_match_scipy(tmp_path):
+    losses = [3.2785, 3.2770, 3.2791, 3.2779, 3.2768, 3.2801]
+    times = [178752, 179100, 178420, 179900, 178000, 178640]
+    g = compare.group_stats(_runs_from_losses(tmp_path, "g", losses, times), 3.28)
+    t_s = np.array(times) / 1000.0
+    assert g["n"] == 6 and g["n_excluded"] == 0 and g["total_steps"] == [100]
+    assert g["loss_mean"] == pytest.approx(np.mean(losses), rel=1e-12)
+    assert g["loss_std"] == pytest.approx(np.std(losses, ddof=1), rel=1e-12)
+    assert g["p_below_target"] == pytest.approx(
+        stats.ttest_1samp(losses, 3.28, alternative="less").pvalue, rel=1e-9)
+    assert g["time_mean_s"] == pytest.approx(t_s.mean(), rel=1e-12)
+    assert g["time_std_s"] == pytest.approx(t_s.std(ddof=1), rel=1e-12)
+    assert (g["time_median_s"], g["time_min_s"], g["time_max_s"]) == \
+        pytest.approx((np.median(t_s), 178.0, 179.9), rel=1e-12)
+
+
+def test_welch_comparison_matches_formula(tmp_path):
+    base_l, base_t = [3.2770, 3.2790, 3.2781, 3.2775, 3.2785], [180100, 181300, 179800, 180900, 180500]
+    cand_l, cand_t = [3.2779, 3.2786, 3.2768, 3.2790], [176200, 177900, 176800, 177100]
+    base = _runs_from_losses(tmp_path, "base", base_l, base_t)
+    cand = _runs_from_losses(tmp_path, "cand", cand_l, cand_t)
+    c = compare.compare_to_baseline(cand, base)
+    bt, ct = np.array(base_t) / 1000, np.array(cand_t) / 1000
+
+    def welch(a, b):
+        # Welch's t and Welch-Satterthwaite degrees of freedom, written out independently of scipy's test.
+        va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+        t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        return t, df
+
+    t, df = welch(ct, bt)
+    assert c["time_delta_s"] == pytest.approx(ct.mean() - bt.mean(), rel=1e-12)
+    assert c["time_delta_pct"] == pytest.approx(100 * (ct.mean() - bt.mean()) / bt.mean(), rel=1e-12)
+    assert c["speedup"] == pytest.approx(bt.mean() / ct.mean(), rel=1e-12)
+    assert c["p_time_two_sided"] == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-9)
+    assert c["p_time_candidate_faster"] == pytest.approx(stats.t.cdf(t, df), rel=1e-9)
+    t, df = welch(np.array(cand_l), np.array(base_l))
+    assert c["loss_delta"] == pytest.approx(np.mean(cand_l) - np.mean(base_l), abs=1e-12)
+    assert c["p_loss_two_sided"] == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-9)
+
+
+def test_runs_needed_hand_case():
+    # d = (3.28 - 3.275) / 0.005 = 1: need sqrt(n) > t_{0.99, n-1}. From a t table, t_{0.99,7} = 2.998 >
+    # sqrt(8) = 2.828 but t_{0.99,8} = 2.896 < sqrt(9) = 3, so n = 9.
+    assert compare.runs_needed(3.275, 0.005, 3.28) == 9
+    assert compare.runs_needed(3.28, 0.005, 3.28) == "never"
+    assert compare.runs_needed(3.29, 0.005, 3.28) == "never"
+    assert compare.runs_needed(3.27, 0.0, 3.28) == 2
+    assert compare.runs_needed(3.27, None, 3.28) is None
+
+
+@pytest.mark.parametrize("d", [5.0, 0.7, 0.05, 0.004])
+def test_runs_needed_is_smallest(d):
+    n = compare.runs_needed(3.28 - d * 0.002, 0.002, 3.28)
+
+    def p(k):
+        return stats.t.cdf(-d * math.sqrt(k), k - 1)
+
+    assert p(n) < 0.01
+    assert n == 2 or p(n - 1) >= 0.01
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Warnings
+
+
+def test_identical_runs_warned(tmp_path, capsys):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    write_log(folder / "a.txt", 3.2771, 60000)
+    write_log(folder / "b.txt", 3.2771, 61000)  # same losses, different time: a same-seed repeat
+    write_log(folder / "c.txt", 3.2780, 60500)
+    rc, out, _ = run_main([folder], capsys)
+    assert rc == 0
+    warnings = [w for w in out.splitlines() if "identical loss sequences" in w]
+    assert len(warnings) == 1 and "a.txt" in warnings[0] and "b.txt" in warnings[0]
+
+
+def test_mixed_hardware_versions_and_sources_warned(tmp_path, capsys):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    write_log(folder / "a.txt", 3.2771, 60000)
+    write_log(folder / "b.txt", 3.2775, 40000, gpu="NVIDIA H100 80GB HBM3 x 1", torch_version="2.10.0",
+              source="print('other')\n")
+    rc, out, _ = run_main([folder], capsys)
+    assert rc == 0
+    assert "mixed hardware: NVIDIA H100 80GB HBM3 x 1, NVIDIA H200 x 1" in out
+    assert "mixed torch versions: 2.10.0, 2.11.0+cu128" in out
+    assert "mixed source hashes" in out
+    assert "only 2 usable run(s), fewer than 5" in out
+
+
+def test_clean_group_has_no_warnings(tmp_path, capsys):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    for i, loss in enumerate([3.2771, 3.2775, 3.2779, 3.2768, 3.2782]):
+        write_log(folder / f"{i}.txt", loss, 60000 + 100 * i)
+    rc, out, _ = run_main([folder], capsys)
+    assert rc == 0 and "## Warnings" not in out
+
+
+def test_baseline_on_other_hardware_warned(tmp_path, capsys):
+    for name, gpu in (("base", "NVIDIA H100 80GB HBM3 x 1"), ("cand", "NVIDIA H200 x 1")):
+        (tmp_path / name).mkdir()
+        write_log(tmp_path / name / "0.txt", 3.2771 if name == "base" else 3.2772, 60000, gpu=gpu)
+    rc, out, _ = run_main([tmp_path / "base", tmp_path / "cand", "--baseline", "base"], capsys)
+    assert rc == 0 and "cand vs baseline base: hardware differs" in out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Outputs and command line
+
+
+@pytest.fixture
+def two_groups(tmp_path):
+    base_l, base_t = [3.2770, 3.2790, 3.2781, 3.2775, 3.2785], [180100, 181300, 179800, 180900, 180500]
+    cand_l, cand_t = [3.2779, 3.2786, 3.2768, 3.2790, 3.2771], [176200, 177900, 176800, 177100, 176500]
+    for name, losses, times in (("base", base_l, base_t), ("cand", cand_l, cand_t)):
+        (tmp_path / name).mkdir()
+        for i, (loss, t) in enumerate(zip(losses, times)):
+            write_log(tmp_path / name / f"run{i}.txt", loss, t)
+    return tmp_path, (base_l, base_t), (cand_l, cand_t)
+
+
+def test_markdown_table_parses_back(two_groups, capsys):
+    root, (base_l, base_t), (cand_l, cand_t) = two_groups
+    rc, out, _ = run_main([root / "cand", root / "base", "--baseline", "base"], capsys)
+    assert rc == 0
+    header, rows = parse_markdown_table(out, "Group")
+    assert header == SUMMARY_COLUMNS
+    assert [r["Group"] for r in rows] == ["base", "cand"]  # baseline first
+    base, cand = rows
+    ct, bt = np.array(cand_t) / 1000, np.array(base_t) / 1000
+    assert (cand["Runs"], cand["Steps"]) == ("5", "100")
+    assert cand["Time-mean"] == f"{ct.mean():.3f}" and cand["Time-std"] == f"{ct.std(ddof=1):.3f}"
+    delta = ct.mean() - bt.mean()
+    assert cand["Time-delta"] == f"{delta:+.3f} s ({100 * delta / bt.mean():+.2f}%)"
+    assert cand["Loss-mean"] == f"{np.mean(cand_l):.4f}" and cand["Loss-std"] == f"{np.std(cand_l, ddof=1):.4f}"
+    assert cand["Loss-delta"] == f"{np.mean(cand_l) - np.mean(base_l):+.4f}"
+    assert cand["p"] == f"{stats.ttest_1samp(cand_l, 3.28, alternative='less').pvalue:.3g}"
+    assert base["Time-delta"] == "baseline" and base["Loss-delta"] == "baseline"
+    _, runs = parse_markdown_table(out, "Group | File")
+    assert len(runs) == 10 and {r["Status"] for r in runs} == {"finished"}
+    assert runs[0]["GPU"] == "NVIDIA H200 x 1" and runs[0]["Step"] == "100/100"
+    _, comparisons = parse_markdown_table(out, "Candidate")
+    assert comparisons[0]["Candidate"] == "cand"
+    assert float(comparisons[0]["Speedup"]) == pytest.approx(bt.mean() / ct.mean(), abs=1e-4)
+
+
+def test_json_parses_back(two_groups, capsys):
+    root, (base_l, base_t), (cand_l, cand_t) = two_groups
+    rc, out, _ = run_main([root / "base", root / "cand", "--baseline", "base", "--json", "--target", "3.278"],
+                          capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["target"] == 3.278 and data["baseline"] == "base"
+    cand = next(g for g in data["groups"] if g["name"] == "cand")
+    assert cand["n"] == 5 and len(cand["runs"]) == 5
+    assert cand["loss_mean"] == pytest.approx(np.mean(cand_l), rel=1e-12)
+    assert cand["p_below_target"] == pytest.approx(stats.ttest_1samp(cand_l, 3.278, alternative="less").pvalue)
+    m, sd = np.mean(cand_l), np.std(cand_l, ddof=1)
+    k = np.arange(2, 100_000)
+    assert cand["runs_needed"] == int(k[np.argmax(stats.t.cdf((m - 3.278) / (sd / np.sqrt(k)), k - 1) < 0.01)])
+    base = next(g for g in data["groups"] if g["name"] == "base")
+    assert base["runs_needed"] == "never"  # base mean 3.27802 >= target 3.278
+    comparison = data["comparisons"][0]
+    expected = stats.ttest_ind(np.array(cand_t) / 1000, np.array(base_t) / 1000, equal_var=False,
+                               alternative="less").pvalue
+    assert comparison["p_time_candidate_faster"] == pytest.approx(expected, rel=1e-9)
+    run = cand["runs"][0]
+    assert run["val_loss"] == cand_l[0] and run["train_time_s"] == cand_t[0] / 1000
+    assert run["val_curve"][0] == [0, 0.0, 10.8258]
+
+
+def test_plot_writes_png(two_groups, capsys):
+    root, _, _ = two_groups
+    out_png = root / "curves.png"
+    rc, _, _ = run_main([root / "base", root / "cand", "--plot", out_png], capsys)
+    assert rc == 0
+    data = out_png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_bad_files_reported_others_compared(tmp_path, capsys):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    write_log(folder / "good1.txt", 3.2771, 60000)
+    write_log(folder / "good2.txt", 3.2779, 60400)
+    write_log(folder / "truncated.txt", 3.2760, 60100, cut_final=True)
+    (folder / "empty.txt").write_bytes(b"")
+    (folder / "junk.log").write_bytes(bytes(range(256)) * 8)
+    (folder / "notes.md").write_text("not a log: ignored, wrong suffix")
+    rc, out, err = run_main([folder, "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    skipped = {Path(s["path"]).name: s["reason"] for s in data["skipped"]}
+    assert skipped == {"empty.txt": "empty file", "junk.log": "binary content (NUL bytes)"}
+    assert "skipped" in err and "empty.txt" in err
+    group = data["groups"][0]
+    assert (group["n"], group["n_excluded"]) == (2, 1)
+    assert group["loss_mean"] == pytest.approx((3.2771 + 3.2779) / 2, rel=1e-12)
+    assert any("truncated.txt excluded from statistics" in w for w in data["warnings"])
+
+
+def test_exit_codes(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    write_log(tmp_path / "unfinished.txt", 3.27, 60000, finish=False)
+    rc, out, err = run_main([tmp_path / "empty.txt", tmp_path / "unfinished.txt"], capsys)
+    assert rc == 1 and "no usable run" in err and "unfinished.txt" in out
+    write_log(tmp_path / "good.txt", 3.27, 60000)
+    assert run_main([tmp_path, "--baseline", "nope"], capsys)[0] == 2
+    assert run_main(["--group", "no-equals-sign"], capsys)[0] == 2
+    assert run_main([], capsys)[0] == 2
+    assert run_main([tmp_path / "good.txt", "--plot", tmp_path / "no_dir" / "x.png"], capsys)[0] == 2
+    assert run_main([tmp_path / "good.txt", tmp_path / "absent.txt"], capsys)[0] == 0
+
+
+def test_explicit_groups(tmp_path, capsys):
+    a = write_log(tmp_path / "a.txt", 3.2771, 60000)
+    b = write_log(tmp_path / "b.txt", 3.2779, 60400)
+    c = write_log(tmp_path / "c.txt", 3.2765, 58000)
+    rc, out, _ = run_main(["--group", f"old={a},{b}", "--group", f"new={c}", "--baseline", "old", "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert [(g["name"], g["n"]) for g in data["groups"]] == [("old", 2), ("new", 1)]
+    assert data["comparisons"][0]["time_delta_s"] == pytest.approx(58.0 - 60.2, rel=1e-12)
+    # A Welch test needs two runs per side.
+    assert data["comparisons"][0]["p_time_two_sided"] is None
+
+
+def test_same_folder_names_get_distinct_groups(tmp_path):
+    for parent in ("x", "y"):
+        (tmp_path / parent / "logs").mkdir(parents=True)
+        write_log(tmp_path / parent / "logs" / "0.txt", 3.27, 60000)
+    groups = compare.collect_groups([tmp_path / "x" / "logs", tmp_path / "y" / "logs"], [])
+    assert len(groups) == 2 and all(len(files) == 1 for files in groups.values())
