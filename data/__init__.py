@@ -1,0 +1,8 @@
+"""Token data for the trainer: the shard format (:mod:`data.shards`) and the scripts that produce shards.
+
+- ``data/shards.py``: the one module that knows the on-disk format (header, validation, loading, globbing).
+- ``data/cached_fineweb10B.py N``: downloads the GPT-2 tokens of FineWeb10B (val shard + N train shards).
+- ``data/prepare_text.py``: tokenizes local text into shards of the same format.
+
+See ``data/README.md`` for the byte layout and examples.
+"""
