@@ -11,6 +11,10 @@ Each kernel module exposes ``bench_cases(device)``, returning a list of dicts:
     baselines dict      name -> callable with no arguments ("torch", "torch.compile", ...)
     check     callable  optional, no arguments; raises if ``fn``'s result is wrong (run once, untimed)
 
+``bench_cases(device, tune=True)`` (``--tune``) adds one case per entry of the module's ``TUNING_CANDIDATES``
+(op names like ``xxt[128x128x64w8s3]``): the only place launch configurations are searched; the winners are
+then hard-coded in the modules with the GPU they were chosen on.
+
 The harness times every callable with ``triton.testing.do_bench`` (CUDA events, median), computes achieved
 GB/s and TFLOP/s, the roofline time ``max(bytes / BW, flops / PEAK)`` and the percent of it reached, the
 speedup over each baseline, prints one table and writes a CSV with the GPU name, versions and git sha.
@@ -63,7 +67,7 @@ def fmt_rate(case, us):
     return f"{case['bytes'] / us / 1e3:.0f} GB/s"
 
 
-def run(modules, csv_path, warmup_ms, rep_ms):
+def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
     import torch
     import triton
     if not torch.cuda.is_available():
@@ -75,7 +79,7 @@ def run(modules, csv_path, warmup_ms, rep_ms):
           f"git {git_sha()} | ceilings {bw / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s", flush=True)
     for name in modules:
         mod = importlib.import_module(f"kernels.{name}")
-        for case in mod.bench_cases("cuda"):
+        for case in mod.bench_cases("cuda", tune=tune):
             if case.get("check") is not None:
                 case["check"]()
             us = time_us(case["fn"], warmup_ms, rep_ms)
@@ -117,8 +121,10 @@ def main(argv=None):
     ap.add_argument("--csv", default="kernels_bench.csv", help="CSV output path ('' to skip)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
+    ap.add_argument("--tune", action="store_true",
+                    help="also time every launch configuration in each module's TUNING_CANDIDATES")
     a = ap.parse_args(argv)
-    run(a.only or MODULES, a.csv, a.warmup_ms, a.rep_ms)
+    run(a.only or MODULES, a.csv, a.warmup_ms, a.rep_ms, tune=a.tune)
 
 
 if __name__ == "__main__":
