@@ -1,0 +1,421 @@
+"""Tests for kernels/adam.py: fused AdamW with fp32 master weights.
+
+The kernel and ``fused_adamw_ref`` follow the same operation order with every operation correctly rounded to
+fp32, so they are compared bitwise (``torch.equal``). ``torch.optim.AdamW`` rounds a few operations
+differently; it is compared with a drift bound derived in ``test_matches_torch_adamw_100_steps``.
+"""
+import io
+import math
+
+import pytest
+import torch
+
+from kernels import adam
+from kernels.adam import FusedAdamW, fused_adamw_ref, fused_adamw_step
+from tests.tolerances import UNIT_ROUNDOFF, assert_all_written, assert_close_report, nan_like, shifted_randn
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="bf16 speedrun-size shapes run on the GPU only")
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+HP = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
+ODD_SHAPES = [(278011,), (5, 123, 123), (1151, 3), (1,)]
+
+
+def _tensors(shapes, dtype, device, seed, master=True, state=True):
+    """Params (shifted, realistic), grads, moments with nonzero history, masters equal to the params in fp32."""
+    gen = torch.Generator().manual_seed(seed)
+    params, grads, ms, vs, ws = [], [], [], [], []
+    for shape in shapes:
+        w = shifted_randn(*shape, generator=gen, mean=0.1, std=0.5)
+        params.append(w.to(device=device, dtype=dtype))
+        grads.append(shifted_randn(*shape, dtype=dtype, device=device, generator=gen, mean=-0.01, std=0.05))
+        m = 0.01 * torch.randn(*shape, generator=gen) if state else torch.zeros(shape)
+        v = 1e-4 * torch.rand(*shape, generator=gen) if state else torch.zeros(shape)
+        ms.append(m.to(device))
+        vs.append(v.to(device))
+        ws.append(params[-1].float() if master and dtype != torch.float32 else None)
+    return params, grads, ms, vs, ws
+
+
+def _check_against_ref(params, grads, ms, vs, ws, before, **hp):
+    """Each tensor: master/param, m, v bitwise equal to fused_adamw_ref on the saved inputs; param = round(master)."""
+    for i, (p, m, v, w) in enumerate(zip(params, ms, vs, ws)):
+        w0, g0, m0, v0 = before[i]
+        rw, rm, rv = fused_adamw_ref(w0, g0, m0, v0, **hp)
+        out = w if w is not None else p.float()
+        for name, got, want in (("master", out, rw), ("exp_avg", m, rm), ("exp_avg_sq", v, rv)):
+            if not torch.equal(got.cpu(), want.cpu()):
+                assert_close_report(got, want, atol=0.0, name=f"tensor {i} {name} (bitwise)")
+        if w is not None or p.dtype != torch.float32:
+            assert torch.equal(p, rw.to(p.dtype)), f"tensor {i}: param != master rounded to nearest"
+
+
+def _snapshot(params, grads, ms, vs, ws):
+    return [((w if w is not None else p).float().clone(), g.clone(), m.clone(), v.clone())
+            for p, g, m, v, w in zip(params, grads, ms, vs, ws)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Functional step against the reference (bitwise)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_step_matches_ref(device, dtype, shape):
+    params, grads, ms, vs, ws = _tensors([shape], dtype, device, seed=1)
+    before = _snapshot(params, grads, ms, vs, ws)
+    if ws[0] is not None:
+        params[0] = nan_like(params[0])  # with a master, the param is write-only: every element must be written
+    fused_adamw_step(params, grads, ms, vs, ws, step=7, **HP)
+    assert_all_written(params[0], "param")
+    _check_against_ref(params, grads, ms, vs, ws, before, step=7, **HP)
+
+
+@pytest.mark.parametrize("beta1", [0.0, 0.3, 0.5, 0.7])
+def test_lerp_branches(device, beta1):
+    """torch's lerp switches formula at weight 1 - beta1 = 0.5; both branches must match the reference."""
+    params, grads, ms, vs, ws = _tensors([(2000,)], torch.float32, device, seed=13)
+    before = _snapshot(params, grads, ms, vs, ws)
+    hp = dict(HP, beta1=beta1)
+    fused_adamw_step(params, grads, ms, vs, ws, step=2, **hp)
+    _check_against_ref(params, grads, ms, vs, ws, before, step=2, **hp)
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+def test_low_precision_without_master(device, dtype):
+    """No master: the low-precision param is read, updated in fp32 and rounded back."""
+    params, grads, ms, vs, _ = _tensors([(3000,), (17,)], dtype, device, seed=2)
+    before = _snapshot(params, grads, ms, vs, [None, None])
+    with pytest.raises(ValueError, match="only float32 params may go without"):
+        fused_adamw_step(params, grads, ms, vs, [None, None], step=3, **HP)
+    # the optimizer's master_weights=False path
+    opt = FusedAdamW([p.requires_grad_() for p in params], lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]),
+                     eps=HP["eps"], weight_decay=HP["weight_decay"], master_weights=False)
+    for p, g, m, v in zip(params, grads, ms, vs):
+        p.grad = g
+        opt.state[p].update(step=2, exp_avg=m, exp_avg_sq=v)
+    opt.step()
+    for p, (w0, g0, m0, v0), m, v in zip(params, before, ms, vs):
+        rw, rm, rv = fused_adamw_ref(w0, g0, m0, v0, step=3, **HP)
+        assert "master_param" not in opt.state[p]
+        assert torch.equal(p, rw.to(dtype)) and torch.equal(m, rm) and torch.equal(v, rv)
+
+
+def test_fp32_grads_of_bf16_params_and_unaligned_views(device):
+    """The trainer's flat shards: fp32 grads for bf16 params; views not 16-byte aligned take the unhinted path."""
+    n = 5000
+    buf = torch.zeros(3 * n + 8, dtype=torch.bfloat16, device=device)
+    p = buf[1:1 + n]  # 2 bytes past an aligned address
+    p.copy_(torch.linspace(-1, 1, n, device=device))
+    g = shifted_randn(n, device=device, mean=0.0, std=1e-2)
+    m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
+    w = torch.zeros(n + 1, device=device)[1:]
+    w.copy_(p.float())
+    before = _snapshot([p], [g], [m], [v], [w])
+    fused_adamw_step([p], [g], [m], [v], [w], step=1, **HP)
+    _check_against_ref([p], [g], [m], [v], [w], before, step=1, **HP)
+    assert torch.equal(buf[:1], torch.zeros_like(buf[:1])) and torch.equal(buf[1 + n:], torch.zeros_like(buf[1 + n:]))
+
+
+def test_many_tiny_tensors_one_launch(device, monkeypatch):
+    """300 tensors of 1..17 elements (2-D and 3-D among them) go through one kernel launch."""
+    shapes = [((i % 17) + 1,) if i % 3 else (1, (i % 17) + 1, 1) for i in range(300)]
+    params, grads, ms, vs, ws = _tensors(shapes, torch.float16, device, seed=3)
+    before = _snapshot(params, grads, ms, vs, ws)
+    launches = []
+    real_launch = adam._launch
+    monkeypatch.setattr(adam, "_launch", lambda *a, **k: (launches.append(len(a[0])), real_launch(*a, **k)))
+    fused_adamw_step(params, grads, ms, vs, ws, step=5, **HP)
+    assert launches == [300]
+    _check_against_ref(params, grads, ms, vs, ws, before, step=5, **HP)
+
+
+def test_step_one_closed_form(device):
+    """At step 1 from zero moments, the bias-corrected update is -lr * g / (|g| + eps) = -lr*sign(g) (|g| >> eps)."""
+    params, grads, ms, vs, ws = _tensors([(4099,)], torch.float32, device, seed=4, state=False)
+    w0, g0 = params[0].clone(), grads[0].clone()
+    lr, wd = 1e-2, 0.1
+    fused_adamw_step(params, grads, ms, vs, ws, lr=lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=wd, step=1)
+    expect = w0.double() * (1 - lr * wd) - lr * g0.double() / (g0.double().abs() + 1e-8)
+    # one step moves |w| by at most lr plus the decay; 8 fp32 roundings of that size bound the error
+    assert_close_report(params[0], expect, atol=8 * UNIT_ROUNDOFF[torch.float32] * (w0.abs().max().item() + lr),
+                        name="step 1")
+    # from zero moments m = 0 + fp32(1 - beta1) * g, one rounding
+    assert torch.equal(ms[0], g0 * adam._f32(1 - 0.9))
+
+
+def test_zero_grad_and_zero_lr(device):
+    # zero gradients from zero moments: m = v = 0, the update 0/(0 + eps) is 0: only the decay remains
+    params, grads, ms, vs, ws = _tensors([(1000,)], torch.bfloat16, device, seed=5, state=False)
+    grads[0].zero_()
+    w0 = ws[0].clone()
+    fused_adamw_step(params, grads, ms, vs, ws, step=1, **HP)
+    assert torch.equal(ws[0], w0 * adam.adamw_coefficients(step=1, **HP)[0])
+    assert not ms[0].any() and not vs[0].any()
+    # lr = 0: nothing moves, not even by weight decay; the moments still update (as in torch)
+    params, grads, ms, vs, ws = _tensors([(1000,)], torch.bfloat16, device, seed=6)
+    p0, w0, m0 = params[0].clone(), ws[0].clone(), ms[0].clone()
+    fused_adamw_step(params, grads, ms, vs, ws, step=9, **dict(HP, lr=0.0))
+    assert torch.equal(params[0], p0) and torch.equal(ws[0], w0)
+    assert not torch.equal(ms[0], m0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The optimizer against torch.optim.AdamW
+
+
+def _torch_like(opt_groups, masters):
+    return torch.optim.AdamW([dict(g, params=[w]) for g, w in zip(opt_groups, masters)], foreach=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + LOW_DTYPES, ids=str)
+def test_matches_torch_adamw_100_steps(device, dtype):
+    """100 steps, three param groups (different lr / betas / wd, lr changed by a schedule), new grad tensors
+    every step (so the cached pointer tables are rebuilt), against torch.optim.AdamW(foreach=False) run in fp32
+    on a copy of the master weights.
+
+    Bound: our op order is torch's, but torch rounds a few operations differently (CPU: its lerp uses an FMA
+    and its fp32 sqrt is not always correctly rounded; CUDA: FMAs in lerp / addcmul / addcdiv and division by
+    a scalar through its reciprocal). Each step the final ``w + update`` may then round to a neighbour: at
+    most 1 ulp(|w|) <= 2u|w|. The update itself (|update| <= lr * 1/sqrt(1 - beta2), about 0.03 here) carries
+    a few ulps of its own, and the moments differ by a few ulps that decay geometrically; together these are
+    below another 2u * max|w| because lr/sqrt(1 - beta2) << |w|. So k = 4: |w_ours - w_torch| <= 4*t*u*max|w|.
+    """
+    shapes = [(64, 33), (1000,), (3, 5, 7)]
+    params, _, _, _, _ = _tensors(shapes, dtype, device, seed=7)
+    params = [p.requires_grad_() for p in params]
+    groups = [dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, eps=1e-8),
+              dict(lr=3e-3, betas=(0.8, 0.95), weight_decay=0.0, eps=1e-6),
+              dict(lr=2e-3, betas=(0.3, 0.9), weight_decay=0.01, eps=1e-8)]  # lerp weight 0.7: torch's 2nd branch
+    opt = FusedAdamW([dict(g, params=[p]) for g, p in zip(groups, params)])
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    ref = _torch_like(groups, masters)
+    gen = torch.Generator().manual_seed(8)
+    u = UNIT_ROUNDOFF[torch.float32]
+    scale = max(p.detach().float().abs().max().item() for p in params)
+    for t in range(1, 101):
+        for p, w in zip(params, masters):
+            g = (0.05 * torch.randn(p.shape, generator=gen) - 0.01).to(device=device, dtype=dtype)
+            p.grad, w.grad = g, g.float()
+        for og, rg in zip(opt.param_groups, ref.param_groups):  # a cosine-like schedule on lr
+            og["lr"] = rg["lr"] = og.setdefault("base_lr", og["lr"]) * (0.5 + 0.5 * math.cos(math.pi * t / 100))
+        opt.step()
+        ref.step()
+        for i, (p, w) in enumerate(zip(params, masters)):
+            state = opt.state[p]
+            ours = state["master_param"] if dtype != torch.float32 else p.detach()
+            assert state["step"] == t
+            assert_close_report(ours, w.detach(), atol=4 * t * u * scale, name=f"step {t} tensor {i} master")
+            # m differs from torch's by <= 2 roundings (2u|m|) per step, decaying by beta1 each step: at most
+            # 2u max|m| / (1 - beta1) <= 20u max|m| (beta1 <= 0.9 here); the factor 2 more is margin.
+            m_ref = ref.state[w]["exp_avg"]
+            assert_close_report(state["exp_avg"], m_ref, atol=40 * u * m_ref.abs().max().item(),
+                                name=f"step {t} tensor {i} exp_avg")
+            if dtype != torch.float32:
+                assert torch.equal(p.detach(), ours.to(dtype)), f"step {t}: param != master rounded to nearest"
+
+
+def test_optimizer_groups_match_ref_bitwise(device):
+    """Two groups with different hyperparameters (the per-tensor table path), and a param without grad."""
+    params, grads, ms, vs, ws = _tensors([(300,), (40, 3), (7,)], torch.bfloat16, device, seed=9, state=False)
+    skipped = params[2].clone().requires_grad_()
+    params = [p.requires_grad_() for p in params[:2]]
+    opt = FusedAdamW([dict(params=[params[0]], lr=1e-2, weight_decay=0.1),
+                      dict(params=[params[1], skipped], lr=5e-3, betas=(0.8, 0.9), eps=1e-6)])
+    hps = [dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1),
+           dict(lr=5e-3, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.0)]
+    states = [(p.detach().float(), torch.zeros(p.shape, device=device), torch.zeros(p.shape, device=device))
+              for p in params]
+    skipped0 = skipped.detach().clone()
+    for t in range(1, 4):
+        for i, p in enumerate(params):
+            p.grad = shifted_randn(*p.shape, dtype=p.dtype, device=device, mean=0.0, std=1e-2)
+            states[i] = fused_adamw_ref(*states[i][:1], p.grad, *states[i][1:], step=t, **hps[i])
+        opt.step()
+        for i, p in enumerate(params):
+            st = opt.state[p]
+            assert torch.equal(st["master_param"], states[i][0]) and torch.equal(st["exp_avg"], states[i][1])
+            assert torch.equal(st["exp_avg_sq"], states[i][2]) and torch.equal(p.detach(), states[i][0].to(p.dtype))
+    assert skipped not in opt.state and torch.equal(skipped.detach(), skipped0)
+
+
+def test_non_contiguous_grad(device):
+    p = shifted_randn(7, 5, device=device, mean=0.1).requires_grad_()
+    g = shifted_randn(5, 7, device=device, mean=0.0, std=1e-2).t()
+    assert not g.is_contiguous()
+    zeros = torch.zeros(7, 5, device=device)
+    rw, rm, rv = fused_adamw_ref(p.detach().clone(), g, zeros, zeros, step=1,
+                                 **dict(HP, weight_decay=0.0))
+    p.grad = g
+    opt = FusedAdamW([p], lr=HP["lr"])
+    opt.step()
+    assert torch.equal(p.detach(), rw) and torch.equal(opt.state[p]["exp_avg"], rm)
+
+
+def _run(opt, params, grads):
+    for g_step in grads:
+        for p, g in zip(params, g_step):
+            p.grad = g
+        opt.step()
+
+
+def test_state_dict_round_trip(device):
+    """Save mid-run, load into a fresh optimizer: the continuation is bitwise the uninterrupted one."""
+    gen = torch.Generator().manual_seed(10)
+    params, _, _, _, _ = _tensors([(513,), (3, 17)], torch.bfloat16, device, seed=10)
+    params = [p.requires_grad_() for p in params]
+    grads = [[(1e-2 * torch.randn(p.shape, generator=gen)).to(device, torch.bfloat16) for p in params]
+             for _ in range(6)]
+    opt = FusedAdamW([dict(params=[params[0]]), dict(params=[params[1]], lr=3e-3)], weight_decay=0.1)
+    _run(opt, params, grads[:3])
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    saved_params = [p.detach().clone() for p in params]
+    _run(opt, params, grads[3:])
+
+    params_b = [p.clone().requires_grad_() for p in saved_params]
+    opt_b = FusedAdamW([dict(params=[params_b[0]]), dict(params=[params_b[1]], lr=3e-3)], weight_decay=0.1)
+    buf.seek(0)
+    opt_b.load_state_dict(torch.load(buf))
+    for key in ("master_param", "exp_avg", "exp_avg_sq"):
+        assert opt_b.state[params_b[0]][key].dtype == torch.float32
+    _run(opt_b, params_b, grads[3:])
+    for p, pb in zip(params, params_b):
+        assert torch.equal(p, pb)
+        for key in ("master_param", "exp_avg", "exp_avg_sq", "step"):
+            a, b = opt.state[p][key], opt_b.state[pb][key]
+            assert (torch.equal(a, b) if torch.is_tensor(a) else a == b), key
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Stochastic rounding
+
+
+def _sr_step(device, masters, seed, step=4):
+    """lr = 0 keeps the master unchanged, so the param is exactly the stochastic rounding of the master."""
+    n = masters.numel()
+    p = torch.empty(n, dtype=torch.bfloat16, device=device)
+    g = torch.zeros(n, device=device)
+    m, v, w = torch.zeros(n, device=device), torch.zeros(n, device=device), masters.clone()
+    fused_adamw_step([p], [g], [m], [v], [w], step=step, stochastic_rounding=True, seed=seed, **dict(HP, lr=0.0))
+    assert torch.allclose(w, masters, rtol=0, atol=0, equal_nan=True)
+    return p
+
+
+def test_stochastic_rounding(device):
+    n = 1 << 16
+    gen = torch.Generator().manual_seed(11)
+    w = shifted_randn(n, device=device, generator=gen, mean=0.3, std=1.0)
+    p = _sr_step(device, w, seed=1)
+    assert torch.equal(p, _sr_step(device, w, seed=1)), "same (seed, step) must give the same bits"
+    assert not torch.equal(p, _sr_step(device, w, seed=2)), "another seed must give other bits"
+    assert not torch.equal(p, _sr_step(device, w, seed=1, step=5)), "another step must give other bits"
+    # the result is one of the two bf16 neighbours of the master: lo (toward zero), hi (away from zero)
+    bits = w.view(torch.int32) & ~0xFFFF
+    lo, hi = bits.view(torch.float32), (bits + 0x10000).view(torch.float32)
+    ulp = (hi - lo).abs()
+    assert bool(((p.float() == lo) | (p.float() == hi)).all()), "param is not a bf16 neighbour of the master"
+    # unbiased: p_i - w_i has mean 0 and variance f(1-f) ulp_i^2 (f = distance to the lower neighbour in ulps);
+    # the mean over n independent elements is within 5 standard deviations (a 6e-7 chance of a false failure)
+    f = ((w - lo) / (hi - lo)).double()
+    sigma = math.sqrt((f * (1 - f) * ulp.double() ** 2).sum().item()) / n
+    bias = (p.double() - w.double()).mean().item()
+    assert abs(bias) <= 5 * sigma, f"mean rounding error {bias:.3e} exceeds 5 sigma = {5 * sigma:.3e}"
+    # a constant master 0.3 ulp above a bf16 value rounds up in about 30% of the elements
+    x = torch.full((n,), 1.0 + 0.3 * 2 ** -7, device=device)
+    up = (_sr_step(device, x, seed=3).float() > 1.0).double().mean().item()
+    assert abs(up - 0.3) <= 5 * math.sqrt(0.3 * 0.7 / n), f"rounded up in {up:.4f} of the elements, expected 0.3"
+
+
+def test_stochastic_rounding_keeps_special_values(device):
+    w = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -2.0, 3.0e38], device=device)
+    p = _sr_step(device, w, seed=5)
+    expect = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -2.0], dtype=torch.bfloat16)
+    assert torch.equal(p[:7].cpu().isnan(), expect.isnan())
+    assert torch.equal(p[:4].cpu(), expect[:4]) and torch.equal(p[5:7].cpu(), expect[5:7])
+    assert torch.signbit(p[1]).item() and torch.isfinite(p[7]).item()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_errors_optimizer():
+    p = torch.zeros(4, requires_grad=True)
+    with pytest.raises(ValueError, match="Invalid learning rate: -1"):
+        FusedAdamW([p], lr=-1.0)
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 0: 1.0"):
+        FusedAdamW([p], betas=(1.0, 0.999))
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 1: -0.1"):
+        FusedAdamW([p], betas=(0.9, -0.1))
+    with pytest.raises(ValueError, match="Invalid epsilon value: -1e-08"):
+        FusedAdamW([p], eps=-1e-8)
+    with pytest.raises(ValueError, match="Invalid weight_decay value: -0.1"):
+        FusedAdamW([p], weight_decay=-0.1)
+    with pytest.raises(TypeError, match="complex"):
+        FusedAdamW([torch.zeros(4, dtype=torch.complex64, requires_grad=True)])
+    with pytest.raises(NotImplementedError, match="stochastic rounding"):
+        FusedAdamW([torch.zeros(4, dtype=torch.float16, requires_grad=True)], stochastic_rounding=True)
+    opt = FusedAdamW([p])
+    p.grad = torch.zeros(4).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse gradients"):
+        opt.step()
+    p.grad = torch.zeros(4)
+    opt.param_groups[0]["lr"] = -1.0  # a broken schedule is caught at the step
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        opt.step()
+
+
+def test_errors_functional():
+    def lists(n=3, dtype=torch.bfloat16):
+        p = torch.zeros(n, dtype=dtype)
+        return [p], [torch.zeros(n, dtype=dtype)], [torch.zeros(n)], [torch.zeros(n)], [p.float()]
+
+    p, g, m, v, w = lists()
+    with pytest.raises(ValueError, match="grads has 2 entries, params has 1"):
+        fused_adamw_step(p, g * 2, m, v, w, step=1, **HP)
+    with pytest.raises(ValueError, match=r"exp_avgs\[0\] has shape \(4,\)"):
+        fused_adamw_step(p, g, [torch.zeros(4)], v, w, step=1, **HP)
+    with pytest.raises(ValueError, match=r"grads\[0\] is on meta"):
+        fused_adamw_step(p, [g[0].to("meta")], m, v, w, step=1, **HP)
+    with pytest.raises(TypeError, match=r"exp_avg_sqs\[0\] must be float32"):
+        fused_adamw_step(p, g, m, [v[0].double()], w, step=1, **HP)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_adamw_step([torch.zeros(3, 2).t()], [torch.zeros(2, 3)], [torch.zeros(2, 3)], [torch.zeros(2, 3)],
+                         [None], step=1, **HP)
+    with pytest.raises(ValueError, match="must not alias"):
+        fused_adamw_step(p, g, m, m, w, step=1, **HP)
+    with pytest.raises(TypeError, match="complex"):
+        fused_adamw_step([torch.zeros(3, dtype=torch.complex64)], g, m, v, [None], step=1, **HP)
+    with pytest.raises(RuntimeError, match="sparse"):
+        fused_adamw_step(p, [g[0].to_sparse()], m, v, w, step=1, **HP)
+    with pytest.raises(ValueError, match="step must be a positive integer"):
+        fused_adamw_step(p, g, m, v, w, step=0, **HP)
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 1: 1.0"):
+        fused_adamw_step(p, g, m, v, w, step=1, **dict(HP, beta2=1.0))
+    p16, g16, m16, v16, w16 = lists(dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="bfloat16 params only"):
+        fused_adamw_step(p16, g16, m16, v16, w16, step=1, stochastic_rounding=True, **HP)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: speedrun sizes and the benchmark's own check
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+def test_speedrun_shapes(device, dtype):
+    shapes = [(768 * 50304 // 2,), (3072, 768), (768,), (1,)]
+    params, grads, ms, vs, ws = _tensors(shapes, dtype, device, seed=12)
+    before = _snapshot(params, grads, ms, vs, ws)
+    params = [nan_like(p) for p in params]
+    fused_adamw_step(params, grads, ms, vs, ws, step=1000, **HP)
+    for p in params:
+        assert_all_written(p, "param")
+    _check_against_ref(params, grads, ms, vs, ws, before, step=1000, **HP)
+
+
+@needs_cuda
+def test_bench_cases_check():
+    for case in adam.bench_cases("cuda", tune=True):
+        case["check"]()
