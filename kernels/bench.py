@@ -15,7 +15,9 @@ Each kernel module exposes ``bench_cases(device)``, returning a list of dicts:
 (op names like ``xxt[128x128x64w8s3]``): the only place launch configurations are searched; the winners are
 then hard-coded in the modules with the GPU they were chosen on.
 
-The harness times every callable with ``triton.testing.do_bench`` (CUDA events, median), computes achieved
+The harness times every callable with ``triton.testing.do_bench`` (CUDA events, median of back-to-back calls:
+what a caller sees, Python launch overhead included when it exceeds the GPU time) and our kernel also with
+``do_bench_cudagraph`` (median of graph replays: GPU time alone, the "graph" column), computes achieved
 GB/s and TFLOP/s, the roofline time ``max(bytes / BW, flops / PEAK)`` and the percent of it reached, the
 speedup over each baseline, prints one table and writes a CSV with the GPU name, versions and git sha.
 
@@ -49,6 +51,9 @@ def ceilings_for(gpu_name):
 
 
 def git_sha():
+    """The commit being measured; GIT_SHA in the environment wins (copies of the tree without .git)."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
     try:
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
@@ -57,8 +62,19 @@ def git_sha():
 
 
 def time_us(fn, warmup_ms, rep_ms):
+    """Median over back-to-back calls (CUDA events): includes Python launch overhead when that is slower."""
     from triton.testing import do_bench
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def time_graph_us(fn, rep_ms):
+    """Median of CUDA-graph replays of ``fn``: the GPU time alone, without Python launch overhead."""
+    from triton.testing import do_bench_cudagraph
+    try:
+        return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
+    except Exception as e:  # e.g. a host sync inside fn; reported, not fatal
+        print(f"  cuda-graph timing failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return float("nan")
 
 
 def fmt_rate(case, us):
@@ -83,8 +99,10 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
             if case.get("check") is not None:
                 case["check"]()
             us = time_us(case["fn"], warmup_ms, rep_ms)
+            graph_us = time_graph_us(case["fn"], rep_ms)
             roof_us = max(case["bytes"] / bw, case["flops"] / peak) * 1e6
             row = dict(module=name, op=case["op"], shape=case["shape"], dtype=case["dtype"], us=us,
+                       graph_us=graph_us,
                        rate=fmt_rate(case, us), roofline_us=roof_us, pct_roofline=100 * roof_us / us,
                        bytes=case["bytes"], flops=case["flops"])
             for bname, bfn in case.get("baselines", {}).items():
@@ -98,8 +116,9 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
                 row[f"speedup_vs_{bname}"] = b_us / us
             rows.append(row)
             base = "  ".join(f"{k[:-3]} {v:8.1f} us ({row['speedup_vs_' + k[:-3]]:.2f}x)"
-                             for k, v in row.items() if k.endswith("_us") and k not in ("us", "roofline_us"))
-            print(f"{row['op']:>22} | {row['shape']:>16} | {row['dtype']:>5} | {us:8.1f} us | {row['rate']:>15} | "
+                             for k, v in row.items() if k.endswith("_us") and k not in ("us", "roofline_us", "graph_us"))
+            print(f"{row['op']:>22} | {row['shape']:>16} | {row['dtype']:>5} | {us:8.1f} us (graph {graph_us:7.1f}) | "
+                  f"{row['rate']:>15} | "
                   f"{row['pct_roofline']:5.1f}% of {roof_us:7.1f} us | {base}", flush=True)
     meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                 python=platform.python_version(), git_sha=git_sha(), date=time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -1,0 +1,570 @@
+"""Deterministic embedding backward (no floating-point atomics) and an autograd-aware lookup.
+
+Math. For ids of any shape holding N positions and a gradient ``grad_out`` of shape ids.shape + (C,),
+
+    dW[v, :] = sum of grad_out[p, :] over the positions p with ids[p] == v        dW: (V, C)
+
+Rows no id touches are zero (or left unchanged with ``accumulate=True``). The speedrun calls this for the
+token embedding and the value embeddings (N = 16384 / 32768 / 49152 tokens per GPU, C = 768, V = 50304), all
+indexed by the same ids, so one :class:`EmbeddingPrep` serves every table.
+
+Summation order (this defines the bits; it depends on the ids and the constant ``PIECE`` only, never on the
+launch configuration). Positions are stably sorted by id, so the positions of id v form one segment
+``[row_ptr[v], row_ptr[v+1])`` of the sorted order, in increasing position order.
+  * Segments of at most ``PIECE`` positions are summed sequentially in fp32, starting from +0.0:
+    ``((0 + g_0) + g_1) + ...``.
+  * Longer segments (frequent ids) are cut at the global tile boundaries of the sorted order (tiles of
+    ``PIECE`` positions: [0, PIECE), [PIECE, 2*PIECE), ...). Each piece is summed sequentially as above, and
+    the piece partials are added sequentially in tile order. A long segment has more than PIECE positions, so
+    a tile meets at most two long segments: the one holding its first position and the one holding its last.
+  * The fp32 total (plus the fp32 value of the old row with ``accumulate=True``) is rounded once to the output
+    dtype: round to nearest even, or stochastically for bf16 with random bits keyed by (seed, v*C + c).
+``embedding_backward_ordered_ref`` reproduces this order in plain PyTorch, so tests compare bit for bit.
+
+Kernels (no host synchronisation when a prep is given: every grid depends only on N, C and V):
+  1. ``_embedding_bwd_kernel``, grid (ceil(2*T/ROWS) + ceil(V/ROWS), ceil(C/BLOCK_C)) with T = ceil(N/PIECE).
+     The first programs compute the piece partials of long segments (item 2*t + side: side 0 = the segment
+     holding tile t's first position, side 1 = the one holding its last, when it starts inside the tile) into
+     an fp32 scratch (2*T, C). The other programs own ROWS output rows x BLOCK_C channels: they sum every short
+     segment, round and write it, and write zeros for untouched rows, so zeroing is fused. Every program works
+     on ROWS segments at once, each with its own sequential loop, UNROLL steps per iteration so that UNROLL
+     gathers are in flight; no program walks more than PIECE positions, so a skewed id cannot serialise it.
+  2. ``_embedding_bwd_combine_kernel``, grid (ceil(T/ROWS), ceil(C/BLOCK_C)): for each long segment (found as
+     the one holding the last position of the tile where it starts) add its partials in tile order, round and
+     write the row.
+Traffic for N=49152, C=768, V=50304, bf16: read 75.5 MB of gradient, write 77.3 MB of weight gradient,
+plus 0.4 MB of prep tables: ~36 us at the H200's 4.3 TB/s.
+
+Dtypes: grad_out bf16 / fp16 / fp32; output fp32 / bf16 / fp16 (``out.dtype`` if given, else grad_out's);
+all sums in fp32. ids int32 or int64.
+
+Preparation (``prepare_ids``): a stable sort of the ids plus CSR row offsets. On the CPU (the data loader's
+background thread) it is free of GPU synchronisation; ``.pin_memory()`` and ``.to(device, non_blocking=True)``
+ship it with the batch. Without a prep, ``embedding_backward`` prepares on the ids' device: torch.sort, and a
+host synchronisation to validate the id range (``.item()``).
+
+Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding_fwd`` and
+``speedrun::embedding_bwd``, traceable by ``torch.compile(fullgraph=True)``); the forward is a plain gather.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# Positions per piece of a long segment: part of the summation order (changing it changes the bits), not a
+# launch parameter. It bounds the sequential work of one program (a program walks at most PIECE positions)
+# and the number of partials of the longest segment (N / PIECE: 768 when all 49152 ids are equal). 64 keeps
+# both short for the Zipf-distributed ids of real text.
+PIECE = 64
+
+# Launch configuration: rows (segments) per program, channels per program, loop unrolling (gathers in flight
+# per segment), warps. Initial choice for H100/H200, not yet tuned on the device: picked because ptxas (sm_90a)
+# reports 110 registers and no spills for it, against 168 and spills for ROWS=16, BLOCK_C=128.
+DEFAULT_CONFIG = dict(ROWS=8, BLOCK_C=256, UNROLL=8, num_warps=4)
+# Candidates for the benchmark's tuning mode (bench_cases(tune=True)); none of them changes the bits.
+TUNING_CANDIDATES = [
+    dict(ROWS=8, BLOCK_C=256, UNROLL=8, num_warps=4),
+    dict(ROWS=16, BLOCK_C=128, UNROLL=8, num_warps=4),
+    dict(ROWS=16, BLOCK_C=256, UNROLL=4, num_warps=4),
+    dict(ROWS=8, BLOCK_C=128, UNROLL=8, num_warps=2),
+    dict(ROWS=16, BLOCK_C=256, UNROLL=8, num_warps=8),
+    dict(ROWS=4, BLOCK_C=256, UNROLL=16, num_warps=4),
+]
+
+_ID_DTYPES = (torch.int32, torch.int64)
+_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT32_MAX = 2 ** 31 - 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Preparation of the ids (CPU data loader or device)
+# ---------------------------------------------------------------------------------------------------------
+class EmbeddingPrep(NamedTuple):
+    """Sorted view of one batch of ids; depends only on the ids and num_embeddings."""
+    order: torch.Tensor       # (N,) int32: positions sorted by id, ties in position order (stable)
+    sorted_ids: torch.Tensor  # (N,) int32: ids[order]
+    row_ptr: torch.Tensor     # (V+1,) int32: id v occupies sorted positions row_ptr[v] : row_ptr[v+1]
+    num_embeddings: int       # V
+    n: int                    # N, the number of ids
+
+    def to(self, device, non_blocking=False):
+        return self._replace(order=self.order.to(device, non_blocking=non_blocking),
+                             sorted_ids=self.sorted_ids.to(device, non_blocking=non_blocking),
+                             row_ptr=self.row_ptr.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self):
+        return self._replace(order=self.order.pin_memory(), sorted_ids=self.sorted_ids.pin_memory(),
+                             row_ptr=self.row_ptr.pin_memory())
+
+
+def _check_ids_dtype(ids):
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"ids must be int32 or int64, got {ids.dtype}")
+
+
+def _check_num_embeddings(num_embeddings):
+    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, int):
+        raise TypeError(f"num_embeddings must be an int, got {type(num_embeddings).__name__}")
+    if not 0 < num_embeddings < _INT32_MAX:
+        raise ValueError(f"num_embeddings must be in [1, 2^31 - 1), got {num_embeddings}")
+
+
+def prepare_ids(ids, num_embeddings):
+    """Stable sort of ``ids`` (any shape, int32/int64) and CSR row offsets, on ids' device.
+
+    Validates 0 <= id < num_embeddings (a host synchronisation when ids live on a GPU)."""
+    _check_ids_dtype(ids)
+    _check_num_embeddings(num_embeddings)
+    flat = ids.reshape(-1)
+    n = flat.numel()
+    if n > _INT32_MAX:
+        raise ValueError(f"at most 2^31 - 1 ids are supported (int32 positions), got {n}")
+    if n:
+        lo, hi = torch.aminmax(flat)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= num_embeddings:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"ids out of range: found id {bad}, expected 0 <= id < {num_embeddings}")
+    sorted_ids, order = torch.sort(flat, stable=True)
+    sorted_ids = sorted_ids.to(torch.int32)
+    bounds = torch.arange(num_embeddings + 1, dtype=torch.int32, device=flat.device)
+    row_ptr = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    return EmbeddingPrep(order.to(torch.int32), sorted_ids, row_ptr, num_embeddings, n)
+
+
+def _check_prep(prep, num_embeddings, n, device):
+    if not isinstance(prep, EmbeddingPrep):
+        raise TypeError(f"prep must be an EmbeddingPrep (from prepare_ids), got {type(prep).__name__}")
+    if prep.num_embeddings != num_embeddings:
+        raise ValueError(f"prep was made for num_embeddings={prep.num_embeddings}, but num_embeddings is "
+                         f"{num_embeddings}")
+    if prep.n != n:
+        raise ValueError(f"prep was made for N={prep.n} ids, but ids has {n} elements")
+    for name, t, length in (("order", prep.order, n), ("sorted_ids", prep.sorted_ids, n),
+                            ("row_ptr", prep.row_ptr, num_embeddings + 1)):
+        if t.dtype != torch.int32 or t.shape != (length,):
+            raise ValueError(f"prep.{name} must be int32 of shape ({length},), got {t.dtype} {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"prep.{name} is on {t.device} but grad_out is on {device}: call prep.to(device)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure-PyTorch references
+# ---------------------------------------------------------------------------------------------------------
+def embedding_backward_ref(grad_out, ids, num_embeddings, dtype=torch.float64):
+    """dW = zeros(V, C).index_add_(0, ids, grad_out) computed in ``dtype`` (float64 by default) on the CPU."""
+    C = grad_out.shape[-1]
+    g = grad_out.detach().reshape(-1, C).to("cpu", dtype)
+    out = torch.zeros(num_embeddings, C, dtype=dtype)
+    return out.index_add_(0, ids.reshape(-1).to("cpu", torch.int64), g)
+
+
+def embedding_backward_ordered_ref(grad_out, ids, num_embeddings):
+    """The kernel's fp32 sum, bit for bit: the summation order of the module docstring, in plain PyTorch.
+
+    Returns the fp32 (V, C) sum on the CPU; round it with ``.to(dtype)`` (nearest even) for the output."""
+    C = grad_out.shape[-1]
+    g = grad_out.detach().reshape(-1, C).to("cpu", torch.float32)
+    prep = prepare_ids(ids.to("cpu"), num_embeddings)
+    order, row_ptr = prep.order.long(), prep.row_ptr.long()
+    gs = g[order]                                                   # gradient rows in sorted order
+    out = torch.zeros(num_embeddings, C, dtype=torch.float32)
+    counts = row_ptr[1:] - row_ptr[:-1]
+
+    def sequential_sums(lo, cnt):                                   # one fp32 sum per (lo, cnt) item
+        acc = torch.zeros(lo.numel(), C, dtype=torch.float32)
+        for j in range(int(cnt.max()) if cnt.numel() else 0):
+            take = cnt > j
+            acc[take] = acc[take] + gs[lo[take] + j]
+        return acc
+
+    short = torch.nonzero((counts > 0) & (counts <= PIECE)).reshape(-1)
+    out[short] = sequential_sums(row_ptr[short], counts[short])
+    for v in torch.nonzero(counts > PIECE).reshape(-1).tolist():     # long segments: pieces per global tile
+        lo, hi = int(row_ptr[v]), int(row_ptr[v + 1])
+        starts = [lo] + list(range((lo // PIECE + 1) * PIECE, hi, PIECE))
+        ends = starts[1:] + [hi]
+        parts = sequential_sums(torch.tensor(starts), torch.tensor(ends) - torch.tensor(starts))
+        acc = torch.zeros(C, dtype=torch.float32)
+        for k in range(parts.shape[0]):
+            acc = acc + parts[k]
+        out[v] = acc
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def _sequential_sums(
+    # gradient rows (N, C) and the sorted positions
+    grad_ptr, stride_gn, stride_gc, order_ptr,
+    # ROWS segments: first sorted position, length, whether to sum it at all
+    lo, cnt, active,
+    # channels of this program
+    cols, cmask,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """fp32 sums ((0 + g_lo) + g_lo+1) + ... of ROWS segments at once, each strictly in sorted order.
+
+    Finished segments are left untouched by tl.where (not even given + 0.0) during the extra steps that the
+    longest segment of the block forces on them, so the bits cannot depend on ROWS or UNROLL."""
+    n_steps = tl.max(tl.where(active, cnt, 0), axis=0)
+    acc = tl.zeros((ROWS, BLOCK_C), dtype=tl.float32)
+    for j0 in range(0, n_steps, UNROLL):
+        for u in tl.static_range(UNROLL):
+            take = active & (j0 + u < cnt)
+            pos = tl.load(order_ptr + lo + j0 + u, mask=take, other=0)
+            g = tl.load(grad_ptr + pos.to(tl.int64)[:, None] * stride_gn + cols[None, :] * stride_gc,
+                        mask=take[:, None] & cmask[None, :], other=0.0)
+            acc = tl.where(take[:, None], acc + g.to(tl.float32), acc)
+    return acc
+
+
+@triton.jit
+def _store_rows(
+    # output rows (V, C) and the rows/channels of this block
+    out_ptr, stride_on, rows, cols, C, mask,
+    # fp32 sums to write, seed of the stochastic rounding
+    acc, seed,
+    ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+):
+    """out = round(acc) or round(fp32(out) + acc); one rounding, nearest even or stochastic (bf16 only)."""
+    rows64 = rows.to(tl.int64)
+    ptrs = out_ptr + rows64[:, None] * stride_on + cols[None, :]
+    if ACCUMULATE:
+        acc = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + acc
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        # Rounding in integer arithmetic: add an increment below bf16's last mantissa bit, then truncate the
+        # low 16 bits. Round to nearest even: increment 0x7FFF plus the last kept bit. Stochastic: 16 random
+        # bits keyed by (seed, element index), so the magnitude rounds up with probability
+        # (dropped bits) / 2^16 and E[result] = acc. Done by hand rather than by .to(tl.bfloat16) so that the
+        # Triton interpreter (which truncates) gives the GPU's bits; overflow correctly carries into inf.
+        bits = acc.to(tl.uint32, bitcast=True)
+        if STOCHASTIC:
+            elem = rows64[:, None] * C + cols[None, :]
+            inc = tl.randint(seed, elem).to(tl.uint32, bitcast=True) & 0xFFFF
+        else:
+            inc = 0x7FFF + ((bits >> 16) & 1)
+        rounded = ((bits + inc) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        val = tl.where(acc != acc, acc, rounded).to(tl.bfloat16)   # NaN payloads could carry into inf
+    else:
+        val = acc.to(out_ptr.dtype.element_ty)
+    tl.store(ptrs, val, mask=mask)
+
+
+@triton.jit
+def _embedding_bwd_kernel(
+    # gradient rows (N, C), any strides
+    grad_ptr, stride_gn, stride_gc,
+    # prep: sorted positions (N,), sorted ids (N,), CSR row offsets (V+1,)
+    order_ptr, sorted_ids_ptr, row_ptr_ptr,
+    # output (V, C) with unit channel stride; fp32 scratch (2*T, C) for piece partials of long segments
+    out_ptr, stride_on, partial_ptr,
+    # sizes; programs [0, num_piece_blocks) compute piece partials, the rest own output rows
+    N, V, C, num_piece_blocks,
+    # stochastic rounding seed
+    seed,
+    PIECE: tl.constexpr, ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    if pid < num_piece_blocks:
+        # Piece partials: item 2*t + side of tile t = sorted positions [t*PIECE, (t+1)*PIECE).
+        item = pid * ROWS + tl.arange(0, ROWS)
+        tile_lo = (item // 2) * PIECE
+        tile_hi = tl.minimum(tile_lo + PIECE, N)
+        valid = tile_lo < N
+        side = item % 2
+        p = tl.where(side == 0, tile_lo, tile_hi - 1)
+        v = tl.load(sorted_ids_ptr + p, mask=valid, other=0)
+        seg_lo = tl.load(row_ptr_ptr + v, mask=valid, other=0)
+        seg_hi = tl.load(row_ptr_ptr + v + 1, mask=valid, other=0)
+        # side 1 is a different segment from side 0 only when it starts inside the tile
+        active = valid & (seg_hi - seg_lo > PIECE) & ((side == 0) | (seg_lo > tile_lo))
+        lo = tl.maximum(seg_lo, tile_lo)
+        cnt = tl.minimum(seg_hi, tile_hi) - lo
+        acc = _sequential_sums(grad_ptr, stride_gn, stride_gc, order_ptr, lo, cnt, active, cols, cmask,
+                               ROWS, BLOCK_C, UNROLL)
+        ptrs = partial_ptr + item.to(tl.int64)[:, None] * C + cols[None, :]
+        tl.store(ptrs, acc, mask=active[:, None] & cmask[None, :])
+    else:
+        # Output rows: short segments summed and written, untouched rows zeroed, long ones left to combine.
+        rows = (pid - num_piece_blocks) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < V
+        lo = tl.load(row_ptr_ptr + rows, mask=rmask, other=0)
+        cnt = tl.load(row_ptr_ptr + rows + 1, mask=rmask, other=0) - lo
+        short = rmask & (cnt <= PIECE)
+        acc = _sequential_sums(grad_ptr, stride_gn, stride_gc, order_ptr, lo, cnt, short, cols, cmask,
+                               ROWS, BLOCK_C, UNROLL)
+        write = short
+        if ACCUMULATE:
+            write = write & (cnt > 0)       # untouched rows stay exactly as they were
+        _store_rows(out_ptr, stride_on, rows, cols, C, write[:, None] & cmask[None, :], acc, seed,
+                    ACCUMULATE, STOCHASTIC)
+
+
+@triton.jit
+def _embedding_bwd_combine_kernel(
+    # fp32 piece partials (2*T, C) from _embedding_bwd_kernel
+    partial_ptr,
+    # prep: sorted ids (N,), CSR row offsets (V+1,)
+    sorted_ids_ptr, row_ptr_ptr,
+    # output (V, C) with unit channel stride
+    out_ptr, stride_on,
+    # sizes, stochastic rounding seed
+    N, C, seed,
+    PIECE: tl.constexpr, ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
+):
+    # One lane per tile t: it owns the long segment that holds t's last position if the segment starts in t.
+    tile = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    tile_lo = tile * PIECE
+    valid = tile_lo < N
+    tile_hi = tl.minimum(tile_lo + PIECE, N)
+    v = tl.load(sorted_ids_ptr + tile_hi - 1, mask=valid, other=0)
+    seg_lo = tl.load(row_ptr_ptr + v, mask=valid, other=0)
+    seg_hi = tl.load(row_ptr_ptr + v + 1, mask=valid, other=0)
+    active = valid & (seg_hi - seg_lo > PIECE) & (seg_lo >= tile_lo)
+    n_parts = (seg_hi - 1) // PIECE - tile + 1
+    first_item = 2 * tile + (seg_lo > tile_lo).to(tl.int32)   # side 1 if the segment starts inside the tile
+    n_steps = tl.max(tl.where(active, n_parts, 0), axis=0)
+    acc = tl.zeros((ROWS, BLOCK_C), dtype=tl.float32)
+    for k0 in range(0, n_steps, UNROLL):
+        for u in tl.static_range(UNROLL):
+            k = k0 + u
+            take = active & (k < n_parts)
+            item = tl.where(k == 0, first_item, 2 * (tile + k))
+            part = tl.load(partial_ptr + item.to(tl.int64)[:, None] * C + cols[None, :],
+                           mask=take[:, None] & cmask[None, :], other=0.0)
+            acc = tl.where(take[:, None], acc + part, acc)
+    _store_rows(out_ptr, stride_on, v, cols, C, active[:, None] & cmask[None, :], acc, seed,
+                ACCUMULATE, STOCHASTIC)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------------------
+def _check_config(config):
+    cfg = dict(DEFAULT_CONFIG if config is None else config)
+    if set(cfg) != set(DEFAULT_CONFIG):
+        raise ValueError(f"config must have exactly the keys {sorted(DEFAULT_CONFIG)}, got {sorted(cfg)}")
+    for key in ("ROWS", "BLOCK_C", "UNROLL", "num_warps"):
+        value = cfg[key]
+        if not isinstance(value, int) or value < 1 or value & (value - 1):
+            raise ValueError(f"config[{key!r}] must be a positive power of two, got {value!r}")
+    return cfg
+
+
+def _overlaps(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    a_lo, b_lo = a.data_ptr(), b.data_ptr()
+    a_hi = a_lo + a.element_size() * (1 + sum((s - 1) * st for s, st in zip(a.shape, a.stride())))
+    b_hi = b_lo + b.element_size() * (1 + sum((s - 1) * st for s, st in zip(b.shape, b.stride())))
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=False, prep=None,
+                       stochastic_rounding=False, seed=0, config=None):
+    """Weight gradient (num_embeddings, C) of an embedding lookup, deterministic (see the module docstring).
+
+    grad_out: (*ids.shape, C) bf16/fp16/fp32. ids: int32/int64 on grad_out's device. out: optional (V, C)
+    fp32/bf16/fp16 with unit channel stride; ``accumulate=True`` adds into it (one rounding).
+    prep: ``prepare_ids(ids, V)`` on grad_out's device; without it the ids are prepared here (host sync).
+    stochastic_rounding: bf16 output only, random bits from (seed, element index). config: benchmark only.
+    With a prep, the values of ids are not read (the prep holds them, validated by prepare_ids); only their
+    shape, dtype and device are checked, and N and num_embeddings against the prep's."""
+    _check_ids_dtype(ids)
+    _check_num_embeddings(num_embeddings)
+    if not isinstance(grad_out, torch.Tensor):
+        raise TypeError(f"grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
+    if grad_out.dtype not in _GRAD_DTYPES:
+        raise TypeError(f"grad_out must be float32, bfloat16 or float16, got {grad_out.dtype}")
+    if grad_out.dim() != ids.dim() + 1 or grad_out.shape[:-1] != ids.shape:
+        raise ValueError(f"grad_out must have shape ids.shape + (C,) = {tuple(ids.shape)} + (C,), got "
+                         f"{tuple(grad_out.shape)}")
+    device = grad_out.device
+    if ids.device != device:
+        raise ValueError(f"ids is on {ids.device} but grad_out is on {device}")
+    C = grad_out.shape[-1]
+    N = ids.numel()
+    V = num_embeddings
+    if prep is None:
+        prep = prepare_ids(ids, V)
+    else:
+        _check_prep(prep, V, N, device)
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
+        out = torch.empty((V, C), dtype=grad_out.dtype, device=device)
+    else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.shape != (V, C):
+            raise ValueError(f"out must have shape (num_embeddings, C) = ({V}, {C}), got {tuple(out.shape)}")
+        if out.dtype not in _GRAD_DTYPES:
+            raise TypeError(f"out must be float32, bfloat16 or float16, got {out.dtype}")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device} but grad_out is on {device}")
+        if C > 1 and out.stride(1) != 1:
+            raise ValueError(f"out must have unit stride along channels, got strides {out.stride()}")
+        if _overlaps(out, grad_out):
+            raise ValueError("out must not overlap grad_out in memory")
+    if stochastic_rounding and out.dtype != torch.bfloat16:
+        raise ValueError(f"stochastic_rounding needs a bfloat16 output, got {out.dtype}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    cfg = _check_config(config)
+    if C == 0 or N == 0:
+        # Nothing to sum; also keeps empty (null-pointer) prep and gradient tensors away from the launcher.
+        return out if accumulate else out.zero_()
+
+    g2 = grad_out.reshape(N, C)               # a view when possible; strides passed to the kernel
+    T = triton.cdiv(N, PIECE)
+    rows, block_c, unroll, warps = cfg["ROWS"], cfg["BLOCK_C"], cfg["UNROLL"], cfg["num_warps"]
+    partials = torch.empty((max(2 * T, 1), C), dtype=torch.float32, device=device)
+    num_piece_blocks = triton.cdiv(2 * T, rows)
+    grid = (num_piece_blocks + triton.cdiv(V, rows), triton.cdiv(C, block_c))
+    _embedding_bwd_kernel[grid](
+        g2, g2.stride(0), g2.stride(1),
+        prep.order, prep.sorted_ids, prep.row_ptr,
+        out, out.stride(0), partials,
+        N, V, C, num_piece_blocks,
+        seed,
+        PIECE=PIECE, ACCUMULATE=accumulate, STOCHASTIC=stochastic_rounding,
+        ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
+    if T:
+        _embedding_bwd_combine_kernel[(triton.cdiv(T, rows), triton.cdiv(C, block_c))](
+            partials, prep.sorted_ids, prep.row_ptr,
+            out, out.stride(0),
+            N, C, seed,
+            PIECE=PIECE, ACCUMULATE=accumulate, STOCHASTIC=stochastic_rounding,
+            ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd-aware lookup (custom ops, traceable by torch.compile)
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("speedrun::embedding_fwd", mutates_args=())
+def _embedding_fwd_op(ids: torch.Tensor, weight: torch.Tensor, order: Optional[torch.Tensor],
+                      sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor]) -> torch.Tensor:
+    # The prep tensors are inputs only so that setup_context can save them for the backward.
+    return F.embedding(ids, weight)
+
+
+@_embedding_fwd_op.register_fake
+def _(ids, weight, order, sorted_ids, row_ptr):
+    return weight.new_empty(tuple(ids.shape) + tuple(weight.shape[1:]))
+
+
+@torch.library.custom_op("speedrun::embedding_bwd", mutates_args=())
+def _embedding_bwd_op(grad: torch.Tensor, ids: torch.Tensor, order: Optional[torch.Tensor],
+                      sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor],
+                      num_embeddings: int) -> torch.Tensor:
+    prep = None
+    if order is not None:
+        prep = EmbeddingPrep(order, sorted_ids, row_ptr, num_embeddings, ids.numel())
+    return embedding_backward(grad, ids, num_embeddings, prep=prep)
+
+
+@_embedding_bwd_op.register_fake
+def _(grad, ids, order, sorted_ids, row_ptr, num_embeddings):
+    return grad.new_empty((num_embeddings, grad.shape[-1]))
+
+
+def _embedding_setup_context(ctx, inputs, output):
+    ids, weight, order, sorted_ids, row_ptr = inputs
+    ctx.save_for_backward(ids, order, sorted_ids, row_ptr)
+    ctx.num_embeddings = weight.shape[0]
+
+
+def _embedding_backward_rule(ctx, grad):
+    ids, order, sorted_ids, row_ptr = ctx.saved_tensors
+    dweight = _embedding_bwd_op(grad, ids, order, sorted_ids, row_ptr, ctx.num_embeddings)
+    return None, dweight, None, None, None
+
+
+torch.library.register_autograd("speedrun::embedding_fwd", _embedding_backward_rule,
+                                setup_context=_embedding_setup_context)
+
+
+def embedding(ids, weight, prep=None):
+    """weight[ids] (ids.shape + (C,)), whose backward is the deterministic :func:`embedding_backward`.
+
+    prep: optional ``prepare_ids(ids, weight.shape[0])`` already on weight's device (no host sync in the
+    backward); without it the backward prepares the ids on the device."""
+    _check_ids_dtype(ids)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D (num_embeddings, C) tensor, got "
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if ids.device != weight.device:
+        raise ValueError(f"ids is on {ids.device} but weight is on {weight.device}")
+    if prep is None:
+        return _embedding_fwd_op(ids, weight, None, None, None)
+    _check_prep(prep, weight.shape[0], ids.numel(), weight.device)
+    return _embedding_fwd_op(ids, weight, prep.order, prep.sorted_ids, prep.row_ptr)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Benchmark cases (kernels.bench)
+# ---------------------------------------------------------------------------------------------------------
+def _speedrun_ids(kind, n, num_embeddings, generator):
+    """Uniform ids, or Zipf(1) ids with id = frequency rank (frequent tokens have small ids, as in GPT-2 BPE)."""
+    if kind == "uniform":
+        return torch.randint(0, num_embeddings, (n,), generator=generator)
+    weights = 1.0 / torch.arange(1, num_embeddings + 1, dtype=torch.float64)
+    return torch.multinomial(weights, n, replacement=True, generator=generator)
+
+
+def bench_cases(device, tune=False):
+    """N=49152, C=768, V=50304 with prep; uniform and Zipf ids; bf16 and fp32 (grad and output alike).
+
+    tune=True adds one case per TUNING_CANDIDATES entry (op name carries the config)."""
+    N, C, V = 49152, 768, 50304
+    gen = torch.Generator().manual_seed(0)
+    configs = [(None, "")] + ([(c, "[" + ",".join(f"{k}={v}" for k, v in c.items()) + "]")
+                               for c in TUNING_CANDIDATES] if tune else [])
+    cases = []
+    for dtype, dname in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        for kind in ("uniform", "zipf"):
+            ids_cpu = _speedrun_ids(kind, N, V, gen)
+            prep = prepare_ids(ids_cpu, V).to(device)
+            ids = ids_cpu.to(device)
+            g = (torch.randn(N, C, generator=gen) * 0.5 - 2.3).to(device=device, dtype=dtype)
+            out = torch.empty(V, C, dtype=dtype, device=device)
+            es = g.element_size()
+            nbytes = N * C * es + V * C * es + 4 * N + 4 * (V + 1)    # grad + weight grad + order + row_ptr
+            compiled = torch.compile(lambda g, ids: torch.zeros(V, C, dtype=g.dtype, device=g.device)
+                                     .index_add_(0, ids, g))
+
+            def check(g=g, ids=ids, prep=prep, out=out, dtype=dtype):
+                ref = embedding_backward_ordered_ref(g, ids, V).to(dtype)
+                got = embedding_backward(g, ids, V, out=out, prep=prep).cpu()
+                if not torch.equal(got, ref):
+                    bad = int((got != ref).sum())
+                    raise AssertionError(f"embedding_backward: {bad} elements differ from the ordered reference")
+                for cfg in TUNING_CANDIDATES:
+                    if not torch.equal(embedding_backward(g, ids, V, prep=prep, config=cfg).cpu(), ref):
+                        raise AssertionError(f"embedding_backward with config {cfg} changed the bits")
+
+            for cfg, suffix in configs:
+                cases.append(dict(
+                    op="embedding_backward" + suffix, shape=f"{N}x{C}->{V}x{C} {kind}", dtype=dname,
+                    fn=(lambda g=g, ids=ids, prep=prep, out=out, cfg=cfg:
+                        embedding_backward(g, ids, V, out=out, prep=prep, config=cfg)),
+                    bytes=nbytes, flops=0,
+                    baselines={} if cfg is not None else {
+                        "torch": lambda g=g, ids=ids: torch.ops.aten.embedding_dense_backward(g, ids, V, -1, False),
+                        "torch.compile": lambda g=g, ids=ids, f=compiled: f(g, ids)},
+                    check=check if cfg is None else None))
+    return cases
