@@ -673,7 +673,9 @@ def polar_express(g, steps=5, normalized=False, *, config=None):
         if key is not None and all(isinstance(k, CompiledKernel) for k in compiled):
             templates = [_template(launch, tensors) for launch in launches]
             if all(t is not None for t in templates):
-                _PLANS[key] = [(k[launch[1]], t) for k, launch, t in zip(compiled, launches, templates)]
+                # CompiledKernel's runner indexes grid[0..2]: pad the 1-D grid (Triton 3.6 does not).
+                _PLANS[key] = [(k[tuple(launch[1]) + (1,) * (3 - len(launch[1]))], t)
+                               for k, launch, t in zip(compiled, launches, templates)]
     x = bufs[(steps - 1) % 2]
     return x if g.dim() == 3 else x[0]
 

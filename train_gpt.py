@@ -1,0 +1,1288 @@
+"""GPT-2 (124M class) speedrun trainer: one flat file, no nn.Module tree.
+
+Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
+      python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
+      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The"
+
+Model (straight-line forward over parameter banks, see `forward`): vocab 50304 (50257 padded), width 768,
+6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
+zero-initialised output projections, value embeddings mixed into the attention values of the first and last
+three layers, the normed embedding x0 mixed into every sublayer, one U-net skip (layer 3 -> layer 6), a second
+residual lane from layer 7 on (attention reads lane 0, the MLP lane 1), sigmoid logit soft-capping, an LM head
+stored transposed (768 x 50304) tied to the token embedding for the first 2/3 of the scheduled steps.
+
+Parameters: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv, Wo] per attention layer, `mlp_bank`
+(n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is tall),
+`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768) bf16, gates and scalars fp32.
+
+Compilation: the forward is a Python loop over layers calling a handful of functions compiled once each
+(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (two variants: with / without value
+embedding), one MLP sublayer, two residual updates and the head + loss. Weights are tensor arguments (unbound
+slices of the banks), so all layers share the compiled code. Attention is flex_attention with a document-causal
+sliding-window BlockMask built on the device from the BOS positions (no host sync).
+
+Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
+fp32 buffers (one rounding of each bf16 partial), reduce-scattered in fp32 along dim 0 (padded to a multiple
+of the world size), then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
+kernels.polar_express.polar_express(normalized=True) -> NorMuon row/column normalisation -> cautious weight
+decay on an fp32 master) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_step) for the rest; the
+updated shards are all-gathered. While tied, kernels.transpose.transpose_add folds the embedding gradient into
+the LM head gradient and kernels.transpose.transpose_copy writes the head back into the embedding.
+
+Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
+slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
+(1, 2, 4, 8) computes the same step up to fp32 summation order.
+
+CPU: without CUDA, TRITON_INTERPRET=1 is set before the kernels are imported (Triton runs them in its
+interpreter), compilation is off, and attention uses scaled_dot_product_attention with a dense mask because
+flex_attention has no CPU backward.
+"""
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import queue
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():
+    # The kernels must see TRITON_INTERPRET before their @triton.jit functions are defined, i.e. before import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.distributed as dist
+import torch.nn.functional as F
+import triton
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from data.shards import ShardError, load_shard, shard_files
+from kernels.adam import fused_adamw_step
+from kernels.embedding import embedding, prepare_ids
+from kernels.momentum import nesterov_momentum
+from kernels.polar_express import polar_express, polar_express_ref
+from kernels.transpose import transpose_add, transpose_copy
+
+REPO = Path(__file__).resolve().parent
+# Source files whose text is copied into every log (the code that ran).
+LOGGED_SOURCES = ["train_gpt.py", "kernels/transpose.py", "kernels/polar_express.py", "kernels/momentum.py",
+                  "kernels/embedding.py", "kernels/adam.py", "data/shards.py"]
+SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
+BLOCK = 128  # flex_attention block size (tokens); window sizes are counted in these blocks
+
+# -----------------------------------------------------------------------------
+# Hyperparameters and schedule
+
+
+@dataclass(frozen=True)
+class Stage:
+    end_frac: float | None  # stage ends at this fraction of the scheduled steps; None = the extension stage
+    batch_tokens: int  # global tokens per step (SLOTS micro-batches of batch_tokens // SLOTS)
+    windows: tuple  # (short, long) attention windows, in BLOCK-token blocks
+    lr_mul: float  # learning-rate multiplier before the cooldown (grows with the batch: ~ (B/B0)^0.5..0.6)
+
+
+# The public record's three batch-size stages plus a short extension at the final learning rate.
+STAGES = (
+    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0),
+    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52),
+    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73),
+    Stage(None, 24 * 2048 * 8, (6, 13), 1.0),
+)
+SMOKE_STAGES = (
+    Stage(1 / 2, 8 * 128, (1, 1), 1.0),
+    Stage(1.0, 8 * 256, (1, 2), 1.2),
+    Stage(None, 8 * 256, (2, 2), 1.0),
+)
+
+
+@dataclass
+class Hyperparameters:
+    # data
+    train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # glob of training shards
+    val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # glob of validation shards (the first is used)
+    val_tokens: int = 10_485_760  # validation tokens (fewer if the val shard is smaller; rounded to micro-batches)
+    val_micro_tokens: int = 32_768  # tokens per validation micro-batch (a training shape: no extra compile)
+    max_doc_len: int = 2048  # documents are cut to this many tokens inside a training micro-batch
+    bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
+    # model
+    vocab_size: int = 50304  # 50257 padded to a multiple of 128
+    num_layers: int = 11
+    model_dim: int = 768
+    num_heads: int = 6
+    head_dim: int = 128
+    mlp_dim: int = 3072
+    no_attn_layers: tuple = (6,)  # layers without attention (public record: dropping layer 6's is free)
+    ve_tables: tuple = (0, 1, 2, -1, -1, -1, -1, -1, 0, 1, 2)  # value-embedding table per layer, -1 = none
+    long_window_layers: tuple = (3, 10)  # layers using the long window; the others use the short one
+    skip_from: int = 3  # U-net skip: lane 0 after this layer's attention ...
+    skip_to: int = 6  # ... is added (gated) before this layer
+    parallel_start: int = 7  # first layer with two residual lanes (attention reads lane 0, MLP lane 1)
+    gate_dims: int = 12  # attention / value-embedding gates read this many leading dims of the normed input
+    attn_scale: float = 0.12  # softmax scale (QK-normed heads need a larger-than-1/sqrt(d) temperature)
+    softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
+    # schedule
+    scheduled_steps: int = 1470  # steps of the staged lr / batch / window schedule
+    extension_steps: int = 40  # steps after it at the final lr, longest windows
+    cooldown_frac: float = 0.55  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
+    cooldown_floor: float = 0.15  # lr multiplier at the end of the cooldown
+    untie_frac: float = 2 / 3  # embedding and LM head are tied until this fraction of the scheduled steps
+    # Muon (NorMuon) for attn_bank / mlp_bank
+    muon_lr: float = 0.023
+    muon_momentum_min: float = 0.85  # momentum warms up from min to max over muon_warmup_steps ...
+    muon_momentum_max: float = 0.95
+    muon_warmup_steps: int = 300
+    muon_cooldown_steps: int = 50  # ... and goes back to min over the last steps
+    muon_beta2: float = 0.95  # NorMuon second-moment decay
+    muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
+    mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
+    # Adam for embeddings, head, gates, scalars
+    adam_lr: float = 0.008
+    adam_eps: float = 1e-10
+    adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
+    # run
+    seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
+    val_every: int = 250  # steps between validations (0: only at the end)
+    save_every: int = 0  # steps between checkpoints (0: only at the end)
+    log_train_loss: bool = False  # add train_loss to step lines (a host sync per step)
+    compile: bool = True
+    param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
+    stages: tuple = STAGES
+
+    @property
+    def total_steps(self):
+        return self.scheduled_steps + self.extension_steps
+
+    @property
+    def attn_layers(self):
+        return [i for i in range(self.num_layers) if i not in self.no_attn_layers]
+
+    @property
+    def num_ve(self):
+        return max(self.ve_tables) + 1
+
+
+def hyperparameters_from_dict(d):
+    """Inverse of dataclasses.asdict (checkpoints store the hyperparameters as plain data)."""
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k != "stages"}
+    return Hyperparameters(**fields, stages=tuple(Stage(**{**s, "windows": tuple(s["windows"])})
+                                                  for s in d["stages"]))
+
+
+def smoke_hyperparameters(**overrides):
+    """Tiny model and schedule for the CPU smoke run (vocab 512 so tests can write small-id shards)."""
+    hp = Hyperparameters(
+        val_tokens=8 * 256 * 2, val_micro_tokens=256, max_doc_len=192, bos_id=511, vocab_size=512,
+        num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
+        ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
+        scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
+        val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02)
+    return dataclasses.replace(hp, **overrides)
+
+
+def stage_bounds(hp):
+    """[(start, end, Stage)] covering steps 0 .. total_steps - 1."""
+    bounds, start = [], 0
+    for s in hp.stages:
+        end = hp.total_steps if s.end_frac is None else round(s.end_frac * hp.scheduled_steps)
+        bounds.append((start, end, s))
+        start = end
+    assert start == hp.total_steps, "the last stage must be the extension stage (end_frac=None)"
+    return bounds
+
+
+def stage_at(hp, step):
+    for i, (start, end, s) in enumerate(stage_bounds(hp)):
+        if step < end:
+            return i, s
+    return len(hp.stages) - 1, hp.stages[-1]
+
+
+def lr_factor(hp, step):
+    """Stage lr multiplier, decayed linearly to cooldown_floor over the last cooldown_frac of scheduled steps."""
+    lr = stage_at(hp, step)[1].lr_mul
+    cd_start = int(hp.scheduled_steps * (1 - hp.cooldown_frac))
+    if step >= cd_start:
+        t = min(1.0, (step - cd_start) / max(1, hp.scheduled_steps - cd_start))
+        lr = lr * (1 - t) + hp.cooldown_floor * t
+    return lr
+
+
+def muon_momentum(hp, step):
+    lo, hi = hp.muon_momentum_min, hp.muon_momentum_max
+    cd_start = hp.total_steps - hp.muon_cooldown_steps
+    if step < hp.muon_warmup_steps:
+        return lo + (hi - lo) * step / hp.muon_warmup_steps
+    if step > cd_start:
+        return hi - (hi - lo) * (step - cd_start) / hp.muon_cooldown_steps
+    return hi
+
+
+def untie_step(hp):
+    return round(hp.untie_frac * hp.scheduled_steps)
+
+
+# -----------------------------------------------------------------------------
+# Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
+
+
+def check_world_size(world_size):
+    if world_size not in (1, 2, 4, 8):
+        raise ValueError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
+                         f"of the global batch (use 1, 2, 4 or 8 processes)")
+    return SLOTS // world_size
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def gloo(self):
+        return self.world > 1 and dist.get_backend() == "gloo"
+
+
+def setup_distributed():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_world_size(world)
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        if device.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
+    return Dist(rank, world, local_rank, device)
+
+
+def reduce_scatter_sum(d, full):
+    """Async sum of `full` (rows padded to a multiple of the world) over ranks; returns (work, my row shard)."""
+    rows = full.shape[0] // d.world
+    if d.world == 1:
+        return None, full
+    if d.gloo:  # gloo has no reduce_scatter_tensor: all-reduce the whole buffer and keep my rows
+        work = dist.all_reduce(full, op=dist.ReduceOp.SUM, async_op=True)
+        return work, full[d.rank * rows:(d.rank + 1) * rows]
+    shard = torch.empty((rows, *full.shape[1:]), dtype=full.dtype, device=full.device)
+    return dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.SUM, async_op=True), shard
+
+
+def all_gather_rows(d, shard, out):
+    """Async gather of every rank's row shard into `out` (rows = world * shard rows); returns work or None."""
+    if d.world == 1:
+        out.copy_(shard)
+        return None
+    if d.gloo:
+        parts = list(out.chunk(d.world))
+        work = dist.all_gather(parts, shard.contiguous(), async_op=True)
+        return work
+    return dist.all_gather_into_tensor(out, shard.contiguous(), async_op=True)
+
+
+# -----------------------------------------------------------------------------
+# Parameters
+
+
+def padded_rows(rows, world):
+    return -(-rows // world) * world
+
+
+def init_params(hp, device, seed):
+    """All parameters as a flat dict of leaf tensors (bf16 matrices, fp32 gates and scalars)."""
+    g = torch.Generator().manual_seed(seed)
+    C, V, L = hp.model_dim, hp.vocab_size, hp.num_layers
+    n_attn, H = len(hp.attn_layers), hp.num_heads
+    assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
+    bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C)
+
+    def uniform(*shape):
+        return (torch.rand(*shape, generator=g) * 2 - 1) * bound
+
+    attn = uniform(n_attn, 4, C, C)
+    attn[:, 3] = 0  # zero-initialised output projection
+    mlp = torch.zeros(L, 2, hp.mlp_dim, C)
+    mlp[:, 0] = uniform(L, hp.mlp_dim, C)  # W_fc; W_proj^T stays zero
+    head = torch.randn(C, V, generator=g) * 0.005
+    n_sub = 2 * L
+    lane_w1 = torch.ones(n_sub)
+    lane_w1[2 * hp.parallel_start::2] = 1.5  # attention writes more strongly into the MLP lane (public init)
+    scalars = torch.cat([
+        torch.ones(n_sub),  # resid_lambdas: residual scale per sublayer
+        torch.zeros(n_sub),  # x0_lambdas: weight of the normed embedding added to each sublayer output
+        torch.ones(n_sub),  # lane_w0: sublayer output weight into lane 0
+        lane_w1,  # lane_w1: sublayer output weight into lane 1 (parallel layers)
+        torch.tensor([-1.5]),  # skip_lambda: U-net skip gate = 2 * sigmoid(skip_lambda) (~0.36 at init)
+    ])
+    p = {
+        "embed": head.T.contiguous(),  # tied to lm_head at init
+        "lm_head": head,
+        "value_embeds": torch.randn(hp.num_ve * V, C, generator=g) * 0.01,
+        "attn_bank": attn.reshape(n_attn * 4, C, C),
+        "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),
+        "attn_gate": torch.zeros(n_attn, H, hp.gate_dims),
+        "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, hp.gate_dims),
+        "scalars": scalars,
+    }
+    bf16 = ("embed", "lm_head", "value_embeds", "attn_bank", "mlp_bank")
+    dtype = getattr(torch, hp.param_dtype)
+    return {k: v.to(device=device, dtype=dtype if k in bf16 else torch.float32).requires_grad_()
+            for k, v in p.items()}
+
+
+def scalar_views(hp, scalars):
+    n = 2 * hp.num_layers
+    coefs = scalars[:4 * n].view(4, n).T  # (sublayer, [resid, x0, w0, w1])
+    return coefs, scalars[4 * n]
+
+
+# -----------------------------------------------------------------------------
+# Model pieces (each compiled once; weights are arguments)
+
+
+def rms_norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_tables(hp, T, device, dtype):
+    """cos/sin (T, 1, D/2): rotary on the first half of each head's dims, the other half position-free."""
+    D = hp.head_dim
+    freq = (1 / 1024) ** torch.linspace(0, 1, steps=D // 4, dtype=torch.float32, device=device)
+    freq = torch.cat([freq, freq.new_zeros(D // 4)])
+    theta = torch.outer(torch.arange(T, dtype=torch.float32, device=device), freq)
+    return theta.cos()[:, None, :].to(dtype), theta.sin()[:, None, :].to(dtype)
+
+
+def rotary(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+def doc_ids(ids, bos_id):
+    """Document index per position (cumulative BOS count): the mask allows attention within a document."""
+    return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
+
+
+def block_tensors(docs, window_blocks):
+    """Block-level masks for flex_attention, on the device, no host sync.
+
+    For query block qb and key block kb at distance d = qb - kb (tokens q - k in [128d-127, 128d+127]):
+    some pair is allowed iff d >= 0, the blocks share a document and d <= w; every pair is allowed iff
+    d > 0, both blocks lie in one document and d < w (window w blocks = 128w tokens, q - k < 128w).
+    Returns (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) of partial / full blocks.
+    """
+    NB = docs.numel() // BLOCK
+    d = docs.view(NB, BLOCK)
+    lo, hi = d[:, 0], d[:, -1]
+    pos = torch.arange(NB, device=docs.device)
+    dist_b = pos[:, None] - pos[None, :]
+    doc_any = (lo[:, None] <= hi[None, :]) & (hi[:, None] >= lo[None, :])
+    one_doc = lo == hi
+    doc_all = one_doc[:, None] & one_doc[None, :] & (lo[:, None] == lo[None, :])
+    any_ = (dist_b >= 0) & doc_any & (dist_b <= window_blocks)
+    full = (dist_b > 0) & doc_all & (dist_b < window_blocks)
+    partial = any_ & ~full
+
+    def ordered(m):
+        num = m.sum(-1, dtype=torch.int32)
+        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return num[None, None].contiguous(), idx[None, None].contiguous()
+
+    return (*ordered(partial), *ordered(full))
+
+
+def dense_mask(docs, window):
+    """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the flex mask)."""
+    T = docs.numel()
+    q = torch.arange(T, device=docs.device)
+    rel = q[:, None] - q[None, :]
+    return (rel >= 0) & (rel < window) & (docs[:, None] == docs[None, :])
+
+
+def flex_attend(q, k, v, docs, window, blocks, scale):
+    """q, k, v (T, H, D) -> (T, H, D) with flex_attention (CUDA)."""
+    T = q.shape[0]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window) & (docs[q_idx] == docs[kv_idx])
+
+    bm = BlockMask.from_kv_blocks(*blocks, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, T))
+    # (1, H, T, D) in its own layout: inductor writes it straight from the rotary / value-embedding kernels
+    # (no extra pass), and the flex templates then never see a strided view (the CPU one cannot).
+    q, k, v = (t[None].transpose(1, 2).contiguous() for t in (q, k, v))
+    y = flex_attention(q, k, v, block_mask=bm, scale=scale)
+    return y.transpose(1, 2)[0]
+
+
+def dense_attend(q, k, v, docs, window, blocks, scale):
+    """CPU path: flex_attention has no CPU backward, so SDPA with the same mask, dense."""
+    mask = dense_mask(docs, window)
+    y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                       attn_mask=mask, scale=scale)
+    return y.transpose(0, 1)
+
+
+def make_attn_sublayer(hp, attend):
+    H, D, G, scale = hp.num_heads, hp.head_dim, hp.gate_dims, hp.attn_scale
+
+    def attn_sublayer(x, w_q, w_k, w_v, w_o, attn_gate, ve, ve_gate, cos, sin, docs, window, blocks):
+        """x (T, C) lane -> attention output (T, C). ve (T, C) and ve_gate (H, G) or both None."""
+        T, C = x.shape
+        h = rms_norm(x)
+        qkv = h @ torch.cat([w_q, w_k, w_v]).T  # (T, 3C)
+        q, k, v = qkv.view(T, 3, H, D).unbind(1)
+        q, k = rotary(rms_norm(q), cos, sin), rotary(rms_norm(k), cos, sin)
+        if ve is not None:
+            gate = 2 * torch.sigmoid(h[:, :G] @ ve_gate.to(h.dtype).T)  # (T, H)
+            v = v + gate[..., None] * ve.view(T, H, D)
+        y = attend(q, k, v, docs, window, blocks, scale)
+        y = y * torch.sigmoid(h[:, :G] @ attn_gate.to(h.dtype).T)[..., None]
+        return y.reshape(T, C) @ w_o.T
+
+    return attn_sublayer
+
+
+def mlp_sublayer(x, w_fc, w_proj_t):
+    """x (T, C) lane -> relu(norm(x) W_fc^T)^2 W_proj^T, with W_proj^T stored (mlp_dim, C)."""
+    return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
+
+
+def residual_single(lane, out, x0, coef):
+    """lane <- resid * lane + w0 * (out + x0_lambda * x0); coef (4,) fp32 = [resid, x0_lambda, w0, w1]."""
+    c = coef.to(lane.dtype)
+    return c[0] * lane + c[2] * (out + c[1] * x0)
+
+
+def residual_pair(lane0, lane1, out, x0, coef):
+    c = coef.to(lane0.dtype)
+    out = out + c[1] * x0
+    return c[0] * lane0 + c[2] * out, c[0] * lane1 + c[3] * out
+
+
+def head_logits(x, lm_head, softcap):
+    logits = rms_norm(x) @ lm_head  # (T, V), head stored (C, V)
+    return softcap * torch.sigmoid((logits.float() + 5) / 7.5)
+
+
+def head_loss(x, lm_head, targets, softcap):
+    """Mean cross-entropy (fp32) of the soft-capped logits."""
+    return F.cross_entropy(head_logits(x, lm_head, softcap), targets)
+
+
+@dataclass
+class ModelFns:
+    attn: object
+    mlp: object
+    res_single: object
+    res_pair: object
+    loss: object
+    logits: object
+
+
+def build_fns(hp, device, compile_model, attention="auto"):
+    """The compiled (or eager) model pieces. attention: "auto" (flex on CUDA, dense SDPA on the CPU) or
+    "dense" (tests compare against a float64 reference with it on either device)."""
+    cuda = device.type == "cuda" and attention == "auto"
+    if cuda:
+        # Without whole-function compilation flex_attention still has to be compiled (its eager form
+        # materialises T x T scores); inside a compiled sublayer it is inlined.
+        attend = flex_attend if compile_model else torch.compile(flex_attend, fullgraph=True, dynamic=False)
+    else:
+        attend = dense_attend
+    fns = ModelFns(make_attn_sublayer(hp, attend), mlp_sublayer, residual_single, residual_pair,
+                   lambda x, w, t: head_loss(x, w, t, hp.softcap), lambda x, w: head_logits(x, w, hp.softcap))
+    if compile_model:
+        fns = ModelFns(*(torch.compile(f, fullgraph=True, dynamic=False) for f in dataclasses.astuple(fns)))
+    return fns
+
+
+@dataclass
+class MicroBatch:
+    ids: torch.Tensor  # (T,) int32 inputs, on the device
+    targets: torch.Tensor  # (T,) int64
+    prep: object  # kernels.embedding.EmbeddingPrep for ids (None at validation)
+
+
+class AttnContext:
+    """Per micro-batch: documents, rotary tables and the two (window tensor, block tensors) masks."""
+
+    def __init__(self, hp, ids, windows, rot_cache):
+        T = ids.numel()
+        if T % BLOCK:
+            raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (flex_attention block size)")
+        self.docs = doc_ids(ids, hp.bos_id)
+        if T not in rot_cache:
+            rot_cache[T] = rotary_tables(hp, T, ids.device, getattr(torch, hp.param_dtype))
+        self.cos, self.sin = rot_cache[T]
+        self.masks = {}
+        for w in set(windows):
+            if ("window", w) not in rot_cache:  # made once: a fresh host->device copy per step could block
+                rot_cache[("window", w)] = torch.tensor(w * BLOCK, dtype=torch.int32, device=ids.device)
+            self.masks[w] = (rot_cache[("window", w)], block_tensors(self.docs, w))
+
+
+def trunk(hp, params, fns, ids, prep, windows, rot_cache):
+    """Embedding + all layers -> final residual (T, C). windows = (short, long) in blocks."""
+    ctx = AttnContext(hp, ids, windows, rot_cache)
+    coefs, skip_lambda = scalar_views(hp, params["scalars"])
+    x0 = rms_norm(embedding(ids, params["embed"], prep=prep))
+    ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
+    # unbind (not indexing): its backward writes the tables' gradients with one stack
+    ves = [embedding(ids, w, prep=prep) for w in ve_w.unbind(0)]
+    attn_w = params["attn_bank"].unbind(0)
+    mlp_w = params["mlp_bank"].unbind(0)
+    attn_gates = params["attn_gate"].unbind(0)
+    ve_gates = params["ve_gate"].unbind(0)
+    lane0, lane1, skip = x0, None, None
+    a = v = 0  # index of the next attention layer / value-embedding gate
+    for i in range(hp.num_layers):
+        if i == hp.parallel_start:
+            lane1 = lane0
+        if i == hp.skip_to:
+            gated = 2 * torch.sigmoid(skip_lambda).to(skip.dtype) * skip
+            lane0 = lane0 + gated
+            lane1 = None if lane1 is None else lane1 + gated
+        if i not in hp.no_attn_layers:
+            window = windows[1] if i in hp.long_window_layers else windows[0]
+            win_t, blocks = ctx.masks[window]
+            t = hp.ve_tables[i]
+            ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
+            v += t >= 0
+            out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, ctx.cos, ctx.sin,
+                           ctx.docs, win_t, blocks)
+            a += 1
+            if lane1 is None:
+                lane0 = fns.res_single(lane0, out, x0, coefs[2 * i])
+            else:
+                lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i])
+        if i == hp.skip_from:
+            skip = lane0
+        out = fns.mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
+        if lane1 is None:
+            lane0 = fns.res_single(lane0, out, x0, coefs[2 * i + 1])
+        else:
+            lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i + 1])
+    return lane0 if lane1 is None else (lane0 + lane1) * 0.5
+
+
+def forward(hp, params, fns, batch, windows, rot_cache):
+    """Mean cross-entropy of one micro-batch (a 0-d fp32 tensor)."""
+    x = trunk(hp, params, fns, batch.ids, batch.prep, windows, rot_cache)
+    return fns.loss(x, params["lm_head"], batch.targets)
+
+
+# -----------------------------------------------------------------------------
+# Optimizer: sharded Muon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
+
+# name -> (lr multiplier, (beta1, beta2), weight-decay multiplier); values from the public record
+ADAM_TABLE = {
+    "scalars": (5.0, (0.9, 0.99), 0.0),
+    "attn_gate": (1.0, (0.9, 0.99), 0.0),
+    "ve_gate": (1.0, (0.9, 0.99), 0.0),
+    "lm_head": (1.0, (0.5, 0.95), 150.0),
+    "value_embeds": (75.0, (0.75, 0.95), 5.0),
+    "embed": (1.0, (0.5, 0.95), 150.0),
+}
+MUON_NAMES = ("attn_bank", "mlp_bank")
+# Reduce order: small Adam tensors first, then the big ones whose update waits longest; embed after lm_head.
+ORDER = ("scalars", "attn_gate", "ve_gate", "lm_head", "value_embeds", "embed", "attn_bank", "mlp_bank")
+
+
+class Group:
+    """One parameter: its fp32 gradient accumulator (rows padded) and this rank's optimizer shard."""
+
+    def __init__(self, name, param, d):
+        self.name, self.param = name, param
+        self.rows = param.shape[0]
+        self.rows_pad = padded_rows(self.rows, d.world)
+        self.k = self.rows_pad // d.world
+        self.lo = d.rank * self.k
+        self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
+        self.gathered = (param.data if self.rows_pad == self.rows else
+                         torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
+        self.reset_state()
+
+    def shard_of(self, full):
+        """My rows of a full (unpadded) tensor, zero-padded to k rows, fp32."""
+        out = torch.zeros((self.k, *full.shape[1:]), dtype=torch.float32, device=full.device)
+        hi = min(self.lo + self.k, self.rows)
+        if hi > self.lo:
+            out[:hi - self.lo] = full[self.lo:hi].float()
+        return out
+
+    def reset_state(self):
+        p = self.param.detach()
+        self.master = self.shard_of(p)  # fp32 master of my rows
+        self.shard_param = self.master.to(p.dtype)
+        self.step = 0
+        if self.name in MUON_NAMES:
+            M, N = p.shape[1:]
+            self.mom = torch.zeros_like(self.master)
+            self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
+                                  device=p.device)
+        else:
+            self.exp_avg = torch.zeros_like(self.master)
+            self.exp_avg_sq = torch.zeros_like(self.master)
+
+    def state_tensors(self):
+        keys = ("master", "mom", "v2") if self.name in MUON_NAMES else ("master", "exp_avg", "exp_avg_sq")
+        return {k: getattr(self, k) for k in keys}
+
+
+class Optimizer:
+    def __init__(self, hp, params, d):
+        self.hp, self.d = hp, d
+        self.groups = {n: Group(n, params[n], d) for n in ORDER}
+        self.tied = True
+        mlp = self.groups["mlp_bank"]
+        idx = torch.arange(mlp.lo, mlp.lo + mlp.k, device=d.device)
+        # Per-matrix lr multiplier of my mlp_bank rows: odd global indices are W_proj^T.
+        self.mlp_lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul, 1.0).float()[:, None, None]
+
+    @torch.no_grad()
+    def accumulate(self):
+        """After each micro-step's backward: acc += grad (fp32 add, one rounding); frees the bf16 grads."""
+        for g in self.groups.values():
+            if g.param.grad is not None:
+                g.acc[:g.rows].add_(g.param.grad)
+                g.param.grad = None
+
+    def reset(self):
+        self.tied = True
+        for g in self.groups.values():
+            g.acc.zero_()
+            g.reset_state()
+
+    def untie(self):
+        """Give the embedding the LM head's (transposed) Adam state, then update both separately."""
+        head, emb = self.groups["lm_head"], self.groups["embed"]
+        full = {}
+        for key in ("master", "exp_avg", "exp_avg_sq"):
+            buf = torch.empty((head.rows_pad, *head.param.shape[1:]), dtype=torch.float32, device=self.d.device)
+            work = all_gather_rows(self.d, getattr(head, key), buf)
+            if work is not None:
+                work.wait()
+            full[key] = buf[:head.rows].T
+        for key, t in full.items():
+            setattr(emb, key, emb.shard_of(t))
+        emb.shard_param = emb.master.to(emb.param.dtype)
+        emb.step = head.step
+        self.tied = False
+
+    @torch.no_grad()
+    def step(self, step, lr_mul, momentum):
+        hp, d = self.hp, self.d
+        if self.tied:
+            transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
+                          self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
+        pending = []
+        for name in ORDER:
+            if name == "embed" and self.tied:
+                continue
+            g = self.groups[name]
+            pending.append((g, *reduce_scatter_sum(d, g.acc)))
+        gathers = []
+        for g, work, grad in pending:
+            if work is not None:
+                work.wait()
+            if g.name in MUON_NAMES:
+                self._muon(g, grad, lr_mul, momentum)
+            else:
+                self._adam(g, grad, lr_mul)
+            gathers.append((g, all_gather_rows(d, g.shard_param, g.gathered)))
+        for g, work in gathers:
+            if work is not None:
+                work.wait()
+            if g.gathered is not g.param.data:
+                g.param.data.copy_(g.gathered[:g.rows])
+            if g.name == "lm_head" and self.tied:
+                transpose_copy(g.param.data, self.groups["embed"].param.data)
+        for g in self.groups.values():
+            g.acc.zero_()
+
+    def _adam(self, g, grad, lr_mul):
+        hp = self.hp
+        mul, (b1, b2), wd_mul = ADAM_TABLE[g.name]
+        lr = hp.adam_lr * mul * lr_mul
+        g.step += 1
+        masters = [g.master] if g.shard_param.dtype != torch.float32 else [None]
+        params = [g.shard_param] if masters[0] is not None else [g.master]
+        fused_adamw_step(params, [grad], [g.exp_avg], [g.exp_avg_sq], masters, lr=lr, beta1=b1, beta2=b2,
+                         eps=hp.adam_eps, weight_decay=hp.adam_wd * wd_mul * lr, step=g.step)
+        if masters[0] is None:
+            g.shard_param = g.master  # fp32 parameters: the master is the parameter shard
+
+    def _muon(self, g, grad, lr_mul, momentum):
+        hp = self.hp
+        M, N = g.param.shape[1:]
+        x = nesterov_momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
+        # On the CPU the kernel's PyTorch reference stands in: Triton's interpreter needs ~25 s per smoke-sized
+        # call (and cannot multiply bf16); every other optimizer kernel runs in the interpreter.
+        pe = polar_express if x.device.type == "cuda" else polar_express_ref
+        o = pe(x, normalized=True).float()  # (k, M, N), ~orthogonal
+        # NorMuon: per-row (tall/square) or per-column (wide) second moment, keeping the Frobenius norm.
+        red = -1 if M >= N else -2
+        mean_sq = o.square().mean(dim=red, keepdim=True)
+        g.v2.lerp_(mean_sq, 1 - hp.muon_beta2)
+        u = o * g.v2.clamp_min(1e-10).rsqrt()
+        norm_o = o.square().sum(dim=(-2, -1), keepdim=True).sqrt()
+        norm_u = u.square().sum(dim=(-2, -1), keepdim=True).sqrt().clamp_min(1e-10)
+        u = u * (norm_o / norm_u)
+        lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
+        lr_t = self.mlp_lr_mul * lr if g.name == "mlp_bank" else lr
+        # Cautious weight decay: only where the update and the weight agree in sign (the step shrinks it).
+        mask = (u * g.master) >= 0
+        g.master.sub_(lr_t * (u + mask * g.master * (hp.muon_wd * hp.muon_lr * lr_mul)))
+        g.shard_param = g.master.to(g.param.dtype)
+
+    def state_dict(self):
+        return {"tied": self.tied,
+                "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
+                           for n, g in self.groups.items()}}
+
+    def load_state_dict(self, sd):
+        self.tied = sd["tied"]
+        for n, s in sd["groups"].items():
+            g = self.groups[n]
+            g.step = s["step"]
+            for k in g.state_tensors():
+                setattr(g, k, s[k].to(self.d.device))
+            g.shard_param = g.master.to(g.param.dtype)
+
+
+# -----------------------------------------------------------------------------
+# Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
+
+
+def bos_positions(tokens, bos_id):
+    return np.flatnonzero(np.asarray(tokens) == bos_id)
+
+
+class TrainLoader:
+    """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
+
+    A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to max_doc_len
+    and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not resumed: the
+    next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves to the
+    next shard (cycling through the files). State = (shard index, BOS index, epoch) before the next batch.
+    A background thread prepares the next step's batch (pinned tensors + embedding prep).
+    """
+
+    def __init__(self, hp, files, d, micro_tokens_at):
+        self.hp, self.files, self.d = hp, files, d
+        self.micro_tokens_at = micro_tokens_at  # step -> T
+        self.state = {"shard": 0, "bos": 0, "epoch": 0, "step": 0}
+        self._cache = {}
+        self._q = queue.Queue(maxsize=1)
+        self._thread = None
+
+    def _shard(self, i):
+        """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
+        if i not in self._cache:
+            tokens = load_shard(self.files[i], mmap=True)
+            self._cache = {i: (tokens, bos_positions(tokens, self.hp.bos_id))}
+        return self._cache[i]
+
+    def _plan(self, state, T):
+        """Slot spans [(start, end), ...] per slot for the global batch at `state`; returns (spans, new state)."""
+        s = dict(state)
+        for _ in range(2 * len(self.files) + 1):
+            tokens, bos = self._shard(s["shard"])
+            spans, j, ok = [], s["bos"], True
+            for _slot in range(SLOTS):
+                slot, room = [], T + 1
+                while room > 0:
+                    if j >= len(bos):
+                        ok = False
+                        break
+                    start = bos[j]
+                    stop = bos[j + 1] if j + 1 < len(bos) else len(tokens)
+                    n = min(stop - start, self.hp.max_doc_len, room)
+                    slot.append((int(start), int(start + n)))
+                    room -= n
+                    j += 1
+                if not ok:
+                    break
+                spans.append(slot)
+            if ok:
+                s["bos"] = j
+                return spans, s
+            s["shard"], s["bos"] = (s["shard"] + 1) % len(self.files), 0
+            s["epoch"] += s["shard"] == 0
+        raise ShardError(f"training shards {[str(f) for f in self.files]} hold too few documents for one batch "
+                         f"of {SLOTS} x {T + 1} tokens")
+
+    def _build(self, state):
+        step = state["step"]
+        T = self.micro_tokens_at(step)
+        spans, new_state = self._plan(state, T)
+        new_state["step"] = step + 1
+        tokens = self._shard(new_state["shard"])[0]  # the spans lie in the shard the plan ended in
+        micro = []
+        for slot in spans[self.d.rank::self.d.world]:
+            buf = np.concatenate([tokens[a:b] for a, b in slot]).astype(np.int64)
+            ids = torch.from_numpy(buf[:-1].astype(np.int32))
+            targets = torch.from_numpy(buf[1:])
+            prep = prepare_ids(ids, self.hp.vocab_size)
+            if self.d.device.type == "cuda":
+                ids, targets, prep = ids.pin_memory(), targets.pin_memory(), prep.pin_memory()
+            micro.append((ids, targets, prep))
+        return micro, new_state
+
+    def _worker(self, state):
+        try:
+            self._q.put(self._build(state))
+        except BaseException as e:  # surfaced in the main thread by next()
+            self._q.put(e)
+
+    def _start(self, state):
+        self._thread = threading.Thread(target=self._worker, args=(state,), daemon=True)
+        self._thread.start()
+
+    def next(self):
+        """This rank's micro-batches for the next step, moved to the device (non-blocking)."""
+        if self._thread is None:
+            self._start(self.state)
+        item = self._q.get()
+        self._thread.join()
+        if isinstance(item, BaseException):
+            raise item
+        micro, self.state = item
+        self._start(self.state)  # prepare the following step while this one trains
+        dev = self.d.device
+        return [MicroBatch(i.to(dev, non_blocking=True), t.to(dev, non_blocking=True),
+                           p.to(dev, non_blocking=True)) for i, t, p in micro]
+
+    def close(self):
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            while not self._q.empty():
+                self._q.get()
+
+    def load_state(self, state):
+        self.close()
+        self.state = dict(state)
+
+
+def val_plan(hp, val_tokens_available):
+    """Number of global validation micro-batches: whole micro-batches, a multiple of SLOTS."""
+    T = hp.val_micro_tokens
+    n = min(hp.val_tokens, val_tokens_available - 1) // T // SLOTS * SLOTS
+    if n == 0:
+        raise ShardError(f"validation shard has {val_tokens_available} tokens, fewer than {SLOTS} micro-batches "
+                         f"of {T} (+1) tokens")
+    return n
+
+
+def val_batches(hp, tokens, n_micro, d):
+    """Contiguous chunks of T (+1) tokens; rank r takes chunks r, r+W, ..."""
+    T = hp.val_micro_tokens
+    for m in range(d.rank, n_micro, d.world):
+        buf = torch.from_numpy(np.asarray(tokens[m * T:m * T + T + 1]).astype(np.int64))
+        yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None)
+
+
+# -----------------------------------------------------------------------------
+# Logging
+
+
+def source_dump():
+    parts = []
+    for rel in LOGGED_SOURCES:
+        if not (REPO / rel).exists():  # only when a test replaces a module; real runs import them all
+            continue
+        parts.append(f"# ===== file: {rel} =====\n" + (REPO / rel).read_text())
+    return "\n".join(parts)
+
+
+def git_sha():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def nvidia_smi():
+    try:
+        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "nvidia-smi: not available"
+
+
+class Logger:
+    def __init__(self, path, active):
+        self.path, self.active = path, active
+        if active:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+
+    def __call__(self, line, console=True):
+        if not self.active:
+            return
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+        if console:
+            print(line, flush=True)
+
+
+def header_lines(hp, d, train_files, val_files):
+    gpu = (f"{torch.cuda.get_device_name(d.device)} x {d.world}" if d.device.type == "cuda"
+           else f"cpu x {d.world}")
+    val_sha = hashlib.sha256(Path(val_files[0]).read_bytes()).hexdigest()[:16]
+    hp_json = json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(hp).items()
+                          if k != "stages"} | {"stages": [dataclasses.asdict(s) for s in hp.stages]})
+    return [
+        f"git_sha: {git_sha()}",
+        f"python: {platform.python_version()}",
+        f"torch: {torch.__version__}",
+        f"triton: {triton.__version__}",
+        f"cuda: {torch.version.cuda}",
+        f"gpu: {gpu}",
+        f"world_size: {d.world}",
+        f"corpus: {hp.train_files} (val sha256[:16] {val_sha})",
+        f"hyperparameters: {hp_json}",
+        f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
+        nvidia_smi() if d.device.type == "cuda" else "nvidia-smi: no GPU",
+    ]
+
+
+def matmul_params(hp):
+    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
+    C = hp.model_dim
+    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
+
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak (SXM datasheet)
+
+# -----------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp):
+    path = Path(ckpt_dir) / f"step_{step:06d}"
+    path.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
+             "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
+             "hyperparameters": dataclasses.asdict(hp)}
+    if d.rank == 0:
+        state["params"] = {k: v.detach().cpu() for k, v in params.items()}
+    torch.save(state, path / f"rank{d.rank}.pt")
+    return path
+
+
+def load_checkpoint(path, params, opt, d):
+    path = Path(path)
+    mine = torch.load(path / f"rank{d.rank}.pt", map_location="cpu", weights_only=False)
+    if mine["world_size"] != d.world:
+        raise ValueError(f"checkpoint {path} was written by {mine['world_size']} ranks, this run has {d.world}: "
+                         f"the sharded optimizer state needs the same world size")
+    p0 = mine if d.rank == 0 else torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
+    with torch.no_grad():
+        for k, v in p0["params"].items():
+            params[k].copy_(v)
+    opt.load_state_dict(mine["optimizer"])
+    torch.set_rng_state(mine["rng"])
+    return mine
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+def windows_at(hp, step):
+    return stage_at(hp, step)[1].windows
+
+
+def micro_tokens_at(hp, step):
+    return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
+
+
+class Trainer:
+    """State of one run: parameters, optimizer, loader, compiled functions; train_step / validate."""
+
+    def __init__(self, hp, d, train_files, val_files):
+        self.hp, self.d = hp, d
+        self.accum = check_world_size(d.world)
+        self.params = init_params(hp, d.device, hp.seed)
+        self.initial = {k: v.detach().clone() for k, v in self.params.items()}
+        self.opt = Optimizer(hp, self.params, d)
+        self.fns = build_fns(hp, d.device, hp.compile)
+        self.loader = TrainLoader(hp, train_files, d, lambda s: micro_tokens_at(hp, s))
+        self.val_tokens = load_shard(val_files[0], mmap=True)
+        self.val_micro = val_plan(hp, len(self.val_tokens))
+        self.rot_cache = {}
+
+    def reset(self):
+        """Back to the freshly initialised state (after the compile warmup)."""
+        with torch.no_grad():
+            for k, v in self.params.items():
+                v.copy_(self.initial[k])
+                v.grad = None
+        self.opt.reset()
+        self.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": 0})
+
+    def train_step(self, step, want_loss):
+        hp = self.hp
+        if step == untie_step(hp) and self.opt.tied:
+            self.opt.untie()
+        windows = windows_at(hp, step)
+        total = None
+        for mb in self.loader.next():
+            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache) / SLOTS
+            loss.backward()
+            self.opt.accumulate()
+            if want_loss:
+                total = loss.detach() if total is None else total + loss.detach()
+        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step))
+        if want_loss:
+            if self.d.world > 1:
+                dist.all_reduce(total)
+            return total.item()
+        return None
+
+    @torch.no_grad()
+    def validate(self, windows, max_micro=None):
+        n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * self.d.world)
+        total = torch.zeros((), dtype=torch.float32, device=self.d.device)
+        for mb in val_batches(self.hp, self.val_tokens, n, self.d):
+            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache)
+        if self.d.world > 1:
+            dist.all_reduce(total)
+        return (total / n).item()
+
+
+def warmup(trainer):
+    """Untimed: one step of every stage (every batch shape, window, tied and untied optimizer) and one
+    validation micro-batch, so compilation and autotuning happen here; then a full state reset."""
+    hp = trainer.hp
+    t0 = time.perf_counter()
+    starts = [start for start, _, _ in stage_bounds(hp)]
+    for s in starts:
+        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": s})
+        trainer.train_step(s, want_loss=False)
+    if trainer.opt.tied:
+        trainer.opt.untie()  # exercise the untie path and the untied step
+    trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": starts[-1]})
+    trainer.train_step(starts[-1], want_loss=False)
+    trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
+    trainer.loader.close()
+    trainer.reset()
+    if trainer.d.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def unique_graphs():
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def run_training(hp, args, d):
+    try:
+        train_files = shard_files(hp.train_files)
+        val_files = shard_files(hp.val_files)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}. Get the FineWeb shards with `python data/cached_fineweb10B.py 9`, or "
+                                f"make shards from your own text with `python data/prepare_text.py`") from e
+    run_id = args.run_id or f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"
+    log = Logger(Path(args.log_dir) / f"{run_id}.txt", d.rank == 0)
+    log(source_dump(), console=False)
+    log("=" * 100, console=False)
+    for line in header_lines(hp, d, train_files, val_files):
+        log(line, console=False)
+    log("=" * 100, console=False)
+    cuda = d.device.type == "cuda"
+
+    trainer = Trainer(hp, d, train_files, val_files)
+    log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
+        f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
+    if hp.compile:
+        import torch._dynamo
+        torch._dynamo.config.recompile_limit = 32  # 2 attention variants x (3 train shapes + val) per function
+    # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
+    warm_s = warmup(trainer) if hp.compile else 0.0
+    graphs_after_warmup = unique_graphs() if hp.compile else 0
+    log(f"compile_warmup_s: {warm_s:.1f}")
+
+    start_step, train_ms = 0, 0.0
+    if args.resume:
+        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
+        trainer.loader.load_state(ck["loader"])
+        start_step, train_ms = ck["step"], ck["train_time_ms"]
+        log(f"resumed_from: {args.resume} step {start_step}")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    T_total = hp.total_steps
+    ckpt_dir = Path(args.checkpoint_dir) / run_id
+    stage_ms = {}
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for step in range(start_step, T_total + 1):
+        last = step == T_total
+        first = step == start_step and args.resume
+        if last or (hp.val_every > 0 and step % hp.val_every == 0):
+            if cuda:
+                torch.cuda.synchronize()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            val = trainer.validate(windows_at(hp, min(step, T_total - 1)))
+            log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
+                f"step_avg:{train_ms / max(step, 1):.2f}ms")
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
+            if cuda:
+                torch.cuda.synchronize()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
+            t0 = time.perf_counter()
+        if last:
+            break
+        t_step = time.perf_counter()
+        loss = trainer.train_step(step, hp.log_train_loss)
+        now = time.perf_counter()
+        approx = train_ms + 1000 * (now - t0)
+        stage_ms.setdefault(stage_at(hp, step)[0], []).append(1000 * (now - t_step))
+        tail = f" train_loss:{loss:.6f}" if loss is not None else ""
+        log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
+    trainer.loader.close()
+
+    if cuda:
+        log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+            f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+    steps_run = T_total - start_step
+    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T_total))
+    tok_s = tokens / d.world / max(train_ms / 1000, 1e-9) if steps_run else 0.0
+    log(f"tokens_per_s_per_gpu: {tok_s:.0f}")
+    name = torch.cuda.get_device_name(d.device) if cuda else ""
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    if peak:
+        log(f"mfu: {100 * 6 * matmul_params(hp) * tok_s / peak:.1f}% (6 FLOPs per matmul weight per token, "
+            f"attention scores excluded, peak {peak / 1e12:.0f} TFLOP/s dense bf16)")
+    else:
+        log("mfu: n/a (no peak FLOP/s figure for this device)")
+    log("stage_step_avg: " + " ".join(f"stage{i}:{sum(v) / len(v):.2f}ms" for i, v in sorted(stage_ms.items())))
+    if hp.compile:
+        extra = unique_graphs() - graphs_after_warmup
+        log(f"recompiles_during_timed_run: {extra}" + ("  WARNING: shapes or guards changed after warmup"
+                                                         if extra else ""))
+    return log.path, ckpt_dir
+
+
+# -----------------------------------------------------------------------------
+# Sampling
+
+
+@torch.no_grad()
+def sample(args, d):
+    import tiktoken
+    path = Path(args.sample)
+    ck = torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
+    hp = hyperparameters_from_dict(ck["hyperparameters"])
+    params = {k: v.to(d.device) for k, v in ck["params"].items()}
+    fns = build_fns(hp, d.device, compile_model=False)
+    enc = tiktoken.get_encoding("gpt2")
+    ids = [hp.bos_id] + enc.encode(args.prompt)
+    windows = hp.stages[-1].windows
+    rot_cache = {}
+    for _ in range(args.max_new_tokens):
+        T = -(-len(ids) // BLOCK) * BLOCK  # pad on the right: causal, so the padding does not change logits
+        x = torch.tensor(ids + [hp.bos_id] * (T - len(ids)), dtype=torch.int32, device=d.device)
+        h = trunk(hp, params, fns, x, None, windows, rot_cache)
+        logits = fns.logits(h[len(ids) - 1:len(ids)], params["lm_head"])[0, :50257]
+        ids.append(int(torch.argmax(logits)))
+    text = enc.decode(ids[1:])
+    print(text)
+    return text
+
+
+# -----------------------------------------------------------------------------
+# Entry point
+
+
+def use_interpreter_launch_configs():
+    """CPU only: the embedding backward's GPU launch config (8 rows per program) costs ~0.9 s per smoke-sized
+    call in Triton's interpreter, whose cost is per program; 64 rows per program is 10x faster. The module
+    guarantees that the config never changes the bits (the summation order depends on the ids only)."""
+    import kernels.embedding
+    kernels.embedding.DEFAULT_CONFIG.update(ROWS=64, BLOCK_C=64)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--train-files", help="glob of training shards")
+    p.add_argument("--val-files", help="glob of validation shards")
+    p.add_argument("--steps", type=int, help="scheduled steps (the extension is added on top)")
+    p.add_argument("--extension-steps", type=int)
+    p.add_argument("--val-every", type=int)
+    p.add_argument("--val-tokens", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--run-id")
+    p.add_argument("--save-every", type=int, help="checkpoint every K steps (and always at the end)")
+    p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from, same world size")
+    p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--train-loss", action="store_true", help="log train_loss per step (host sync)")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (implies --no-compile)")
+    p.add_argument("--sample", help="checkpoint folder: print text generated from it")
+    p.add_argument("--prompt", default="The")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--log-dir", default="logs")
+    return p.parse_args(argv)
+
+
+def hyperparameters_from(args):
+    hp = smoke_hyperparameters() if args.smoke else Hyperparameters()
+    over = {"train_files": args.train_files, "val_files": args.val_files, "scheduled_steps": args.steps,
+            "extension_steps": args.extension_steps, "val_every": args.val_every, "val_tokens": args.val_tokens,
+            "seed": args.seed, "save_every": args.save_every}
+    hp = dataclasses.replace(hp, **{k: v for k, v in over.items() if v is not None})
+    if args.no_compile or args.smoke or not torch.cuda.is_available():
+        hp = dataclasses.replace(hp, compile=False)
+    if args.train_loss:
+        hp = dataclasses.replace(hp, log_train_loss=True)
+    return hp
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # Three batch shapes share one allocator: expandable segments avoid fragmenting it (before CUDA starts).
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # warn_only: ops without a deterministic kernel warn instead of failing (flex_attention's backward
+        # and our Triton kernels are deterministic already).
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    d = setup_distributed()
+    if d.device.type == "cpu":
+        use_interpreter_launch_configs()
+    try:
+        if args.sample:
+            return sample(args, d)
+        hp = hyperparameters_from(args)
+        torch.manual_seed(hp.seed)
+        return run_training(hp, args, d)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
