@@ -58,6 +58,7 @@ if not torch.cuda.is_available():
     # The kernels must see TRITON_INTERPRET before their @triton.jit functions are defined, i.e. before import.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 import triton
@@ -1112,7 +1113,6 @@ def run_training(hp, args, d):
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
     if hp.compile:
-        import torch._dynamo
         torch._dynamo.config.recompile_limit = 32  # 2 attention variants x (3 train shapes + val) per function
     # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
     warm_s = warmup(trainer) if hp.compile else 0.0
