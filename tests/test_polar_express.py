@@ -268,7 +268,16 @@ def test_polar_express_repeat_calls_and_launch_plans(dtype, shape, device):
     unaligned = storage[1:].view(g.shape)
     unaligned.copy_(g)
     assert unaligned.data_ptr() % 16 != 0
-    assert torch.equal(pe.polar_express(unaligned), first)
+    out_unaligned = pe.polar_express(unaligned)
+    if dtype == torch.float32:
+        # Exact fp32 dots are FMA chains whose order follows the register layout Triton picks, and that
+        # depends on the pointer alignment it specializes on: seen on an H200 (2026-11-22), the unaligned
+        # (5, 768, 768) fp32 result was not bitwise the aligned one. Judge it against float64 instead; bf16
+        # and fp16 (tensor-core dots) are bitwise.
+        assert_matches_torch(out_unaligned, pe.polar_express_ref(g.double()), pe.polar_express_ref(g),
+                             name="unaligned fp32", scale=polar_scale(g))
+    else:
+        assert torch.equal(out_unaligned, first)
     if device == "cuda":
         assert len(pe._PLANS) == 2, "an unaligned input needs its own plan"
     assert torch.equal(pe.polar_express(g.clone()), first)
