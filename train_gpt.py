@@ -911,6 +911,9 @@ def source_dump():
 
 
 def git_sha():
+    """The commit that ran; GIT_SHA in the environment wins (copies of the tree without .git, e.g. GPU hosts)."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -461,6 +461,15 @@ def _mixed(runs, attr):
     return values if len(values) > 1 else None
 
 
+
+# Fields that legitimately differ between repeats of one configuration: repeats use different seeds.
+RUN_LEVEL_HPARAMS = ("seed",)
+
+
+def _comparable_hparams(h):
+    """The hyperparameters that define a configuration (a dict without run-level fields, or the raw text)."""
+    return {k: v for k, v in h.items() if k not in RUN_LEVEL_HPARAMS} if isinstance(h, dict) else h
+
 def group_warnings(name, runs):
     out = []
     usable = [r for r in runs if r.usable]
@@ -470,7 +479,8 @@ def group_warnings(name, runs):
         values = _mixed(runs, attr)
         if values:
             out.append(f"group {name}: mixed {label}: {', '.join(values)}")
-    hparams = {json.dumps(r.hyperparameters, sort_keys=True) for r in runs if r.hyperparameters is not None}
+    hparams = {json.dumps(_comparable_hparams(r.hyperparameters), sort_keys=True)
+               for r in runs if r.hyperparameters is not None}
     if len(hparams) > 1:
         out.append(f"group {name}: mixed hyperparameters ({len(hparams)} distinct settings)")
     for a, b in identical_pairs(runs):

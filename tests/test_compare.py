@@ -29,7 +29,7 @@ SUMMARY_COLUMNS = ["Group", "Runs", "Steps", "Time-mean", "Time-std", "Time-delt
 
 def write_log(path, final_loss, final_time_ms, *, total=100, gpu="NVIDIA H200 x 1", torch_version="2.11.0+cu128",
               source="print('train')\n", mid_loss=None, validate=True, finish=True, cut_final=False,
-              corpus="fineweb10B"):
+              corpus="fineweb10B", seed=0, lr=0.02):
     """Write a log in train_gpt.py's format: validation at steps 0, total/2 and total (when finished).
 
     ``mid_loss`` defaults to ``final_loss + 0.5`` so runs with different final losses have different loss
@@ -40,7 +40,7 @@ def write_log(path, final_loss, final_time_ms, *, total=100, gpu="NVIDIA H200 x 
     lines = ["# ===== file: train_gpt.py =====", *source.splitlines(), SEP,
              "git_sha: 0123456789abcdef", "python: 3.12.3 (main, Apr 10 2025)", f"torch: {torch_version}",
              "triton: 3.6.0", "cuda: 12.8", f"gpu: {gpu}", "world_size: 1", f"corpus: {corpus}",
-             'hyperparameters: {"num_iterations": %d, "seed": 0}' % total,
+             'hyperparameters: {"num_iterations": %d, "seed": %d, "lr": %s}' % (total, seed, lr),
              f"Running PyTorch {torch_version} compiled for CUDA 12.8",
              "|   0  NVIDIA H200                    On  |   00000000:19:00.0 Off |                    0 |",
              SEP]
@@ -119,7 +119,7 @@ def test_our_format_parsed(tmp_path):
     # The "gpu:" line (what training used) wins over the nvidia-smi table (what the machine has).
     assert (run.gpu_model, run.gpu_count, run.world_size) == ("NVIDIA H200", 1, 1)
     assert run.corpus == "fineweb10B"
-    assert run.hyperparameters == {"num_iterations": 40, "seed": 0}
+    assert run.hyperparameters == {"num_iterations": 40, "seed": 0, "lr": 0.02}
     assert (run.total_steps, run.val_loss, run.train_time_s, run.step_avg_ms) == (40, 3.2765, 61.234, 1530.85)
     assert (run.tokens_per_s_per_gpu, run.mfu_pct, run.compile_warmup_s) == (812345.0, 41.5, 73.2)
     assert [v for _, _, v in run.val_curve] == [10.8258, 3.7765, 3.2765]
@@ -434,3 +434,15 @@ def test_same_folder_names_get_distinct_groups(tmp_path):
         write_log(tmp_path / parent / "logs" / "0.txt", 3.27, 60000)
     groups = compare.collect_groups([tmp_path / "x" / "logs", tmp_path / "y" / "logs"], [])
     assert len(groups) == 2 and all(len(files) == 1 for files in groups.values())
+
+
+def test_seeds_may_differ_but_other_hyperparameters_may_not(tmp_path, capsys):
+    """Repeats of one configuration use different seeds: only the other hyperparameters must agree."""
+    (tmp_path / "g").mkdir()
+    write_log(tmp_path / "g" / "a.txt", 3.2700, 100000, seed=0)
+    write_log(tmp_path / "g" / "b.txt", 3.2750, 101000, seed=1)
+    rc, out, _ = run_main([tmp_path / "g"], capsys)
+    assert rc == 0 and "mixed hyperparameters" not in out
+    write_log(tmp_path / "g" / "c.txt", 3.2720, 102000, seed=2, lr=0.03)
+    rc, out, _ = run_main([tmp_path / "g"], capsys)
+    assert "mixed hyperparameters (2 distinct settings)" in out
