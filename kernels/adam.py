@@ -47,8 +47,8 @@ import triton.language as tl
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (BLOCK, num_warps), tuned on one H200 (2026-11-22, `python -m kernels.bench --only adam --tune`, 24M bf16
-# elements with fp32 master): (1024, 4) 185.9 us graph-timed (87% of the 28 B/element roofline), against
-# 193.8 for (2048, 8), 191.3 for (8192, 16) and 245.5 for the first default (4096, 8).
+# elements with fp32 master): (1024, 4) 188.6 us (86.9% of the 28 B/element roofline; 185.9 us graph-replayed),
+# against 196.6 for (2048, 8), 193.5 for (8192, 16) and 248.2 for the first default (4096, 8).
 DEFAULT_CONFIG = (1024, 4)
 TUNING_CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
 # The per-tensor hyperparameter table (when groups differ) has 8 fp32 columns: decay, w1, beta2, w2, bc2_sqrt,

@@ -53,6 +53,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels._checks import overlaps
+
 # Positions per piece of a long segment: part of the summation order (changing it changes the bits), not a
 # launch parameter. It bounds the sequential work of one program (a program walks at most PIECE positions)
 # and the number of partials of the longest segment (N / PIECE: 768 when all 49152 ids are equal). 64 keeps
@@ -364,15 +366,6 @@ def _check_config(config):
     return cfg
 
 
-def _overlaps(a, b):
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    a_lo, b_lo = a.data_ptr(), b.data_ptr()
-    a_hi = a_lo + a.element_size() * (1 + sum((s - 1) * st for s, st in zip(a.shape, a.stride())))
-    b_hi = b_lo + b.element_size() * (1 + sum((s - 1) * st for s, st in zip(b.shape, b.stride())))
-    return a_lo < b_hi and b_lo < a_hi
-
-
 def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=False, prep=None,
                        stochastic_rounding=False, seed=0, config=None):
     """Weight gradient (num_embeddings, C) of an embedding lookup, deterministic (see the module docstring).
@@ -417,7 +410,7 @@ def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=Fa
             raise ValueError(f"out is on {out.device} but grad_out is on {device}")
         if C > 1 and out.stride(1) != 1:
             raise ValueError(f"out must have unit stride along channels, got strides {out.stride()}")
-        if _overlaps(out, grad_out):
+        if overlaps(out, grad_out):
             raise ValueError("out must not overlap grad_out in memory")
     if stochastic_rounding and out.dtype != torch.bfloat16:
         raise ValueError(f"stochastic_rounding needs a bfloat16 output, got {out.dtype}")

@@ -48,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._checks import overlaps
+
 # Polar Express's safety factor (KERNELS.md section 2) and the epsilon that keeps 0 / 0 away.
 NORM_SAFETY = 1.02
 NORM_EPS = 1e-6
@@ -190,19 +192,6 @@ def _momentum_scale_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launcher
 
-def _byte_range(t):
-    """[first, last) bytes spanned by t (data_ptr() includes the storage offset; strides are >= 0)."""
-    if t.numel() == 0:
-        return (0, 0)
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
-
-
-def _overlaps(a, b):
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
-    return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
-
-
 def _check(grad, buf, momentum, out):
     if grad.dim() not in (2, 3):
         raise ValueError(f"nesterov_momentum: grad must be 2-D (M, N) or 3-D (B, M, N), got shape {tuple(grad.shape)}")
@@ -219,7 +208,7 @@ def _check(grad, buf, momentum, out):
     if grad.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"nesterov_momentum: tensors must be on a CUDA device (or run with TRITON_INTERPRET=1), "
                          f"got {grad.device}")
-    if _overlaps(grad, buf):
+    if overlaps(grad, buf):
         raise ValueError("nesterov_momentum: grad and buf overlap in memory")
     if isinstance(momentum, torch.Tensor):
         if momentum.dim() != 0:
@@ -239,7 +228,7 @@ def _check(grad, buf, momentum, out):
             raise ValueError(f"nesterov_momentum: out must be contiguous, got strides {out.stride()}")
         if out.device != grad.device:
             raise ValueError(f"nesterov_momentum: out is on {out.device}, grad on {grad.device}")
-        if _overlaps(out, grad) or _overlaps(out, buf):
+        if overlaps(out, grad) or overlaps(out, buf):
             raise ValueError("nesterov_momentum: out overlaps grad or buf in memory")
 
 

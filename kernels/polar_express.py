@@ -73,6 +73,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from kernels._checks import overlaps
 from triton.compiler import CompiledKernel
 
 # (a, b, c) of p(s) = a s + b s^3 + c s^5 per iteration: Amsel et al. 2025, computed for 5 iterations,
@@ -374,20 +376,6 @@ def _normalize_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 
-def _byte_range(t):
-    """[first, last) bytes spanned by t (data_ptr includes the storage offset; strides are >= 0)."""
-    if t.numel() == 0:
-        return (0, 0)
-    start = t.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return (start, start + (last + 1) * t.element_size())
-
-
-def _overlaps(a, b):
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
-    return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
-
-
 def _check_input(name, a):
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"{name}: input must be a tensor, got {type(a).__name__}")
@@ -413,7 +401,7 @@ def _check_out(name, a, out, shape):
         raise ValueError(f"{name}: out is on {out.device} and the input on {a.device}; both must be on one device")
     if any(stride == 0 and size > 1 for size, stride in zip(out.shape, out.stride())):
         raise ValueError(f"{name}: out has a zero stride (an expanded view): several of its elements share memory")
-    if _overlaps(a, out):
+    if overlaps(a, out):
         raise ValueError(f"{name}: out overlaps the input in memory; the kernel reads the input while writing "
                          f"out, so they must be separate (the check is on the byte ranges they span)")
 

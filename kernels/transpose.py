@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._checks import overlaps
+
 # Integer types of the same width used to move bits in transpose_copy.
 _RAW_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -133,21 +135,6 @@ def _transpose_kernel(
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 
-def _byte_range(t):
-    """[first, last) bytes spanned by t. data_ptr() already includes the storage offset; strides are
-    never negative in PyTorch, so the last element is at sum((size - 1) * stride)."""
-    if t.numel() == 0:
-        return (0, 0)
-    start = t.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return (start, start + (last + 1) * t.element_size())
-
-
-def _overlaps(a, b):
-    (a0, a1), (b0, b1) = _byte_range(a), _byte_range(b)
-    return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
-
-
 def _check(name, src, dst, allowed):
     if not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
         raise TypeError(f"{name}: src and dst must be tensors")
@@ -167,7 +154,7 @@ def _check(name, src, dst, allowed):
                          f"got {src.device}")
     if any(stride == 0 and size > 1 for size, stride in zip(dst.shape, dst.stride())):
         raise ValueError(f"{name}: dst has a zero stride (an expanded view): several of its elements share memory")
-    if _overlaps(src, dst):
+    if overlaps(src, dst):
         raise ValueError(f"{name}: src and dst overlap in memory; an in-place transpose is not supported "
                          f"(the check is on the byte ranges they span)")
 
