@@ -1219,14 +1219,6 @@ def sample(args, d):
 # Entry point
 
 
-def use_interpreter_launch_configs():
-    """CPU only: the embedding backward's GPU launch config (8 rows per program) costs ~0.9 s per smoke-sized
-    call in Triton's interpreter, whose cost is per program; 64 rows per program is 10x faster. The module
-    guarantees that the config never changes the bits (the summation order depends on the ids only)."""
-    import kernels.embedding
-    kernels.embedding.DEFAULT_CONFIG.update(ROWS=64, BLOCK_C=64)
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--train-files", help="glob of training shards")
@@ -1274,8 +1266,6 @@ def main(argv=None):
         # and our Triton kernels are deterministic already).
         torch.use_deterministic_algorithms(True, warn_only=True)
     d = setup_distributed()
-    if d.device.type == "cpu":
-        use_interpreter_launch_configs()
     try:
         if args.sample:
             return sample(args, d)
