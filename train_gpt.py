@@ -45,6 +45,7 @@ import os
 import platform
 import queue
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -236,9 +237,13 @@ def untie_step(hp):
 
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
-        raise ValueError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
+        raise UnsupportedWorldSize(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
                          f"of the global batch (use 1, 2, 4 or 8 processes)")
     return SLOTS // world_size
+
+
+class UnsupportedWorldSize(ValueError):
+    """The number of processes does not divide the global batch's micro-batches."""
 
 
 @dataclass
@@ -685,7 +690,7 @@ class Optimizer:
 
     @torch.no_grad()
     def step(self, step, lr_mul, momentum):
-        hp, d = self.hp, self.d
+        d = self.d
         if self.tied:
             transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
                           self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
@@ -1101,8 +1106,9 @@ def run_training(hp, args, d):
         train_files = shard_files(hp.train_files)
         val_files = shard_files(hp.val_files)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"{e}. Get the FineWeb shards with `python data/cached_fineweb10B.py 9`, or "
-                                f"make shards from your own text with `python data/prepare_text.py`") from e
+        hint = "" if "cached_fineweb10B" in str(e) else "; get the FineWeb shards with `python data/cached_fineweb10B.py 9`"
+        raise FileNotFoundError(f"{e}{hint}, or make shards from your own text with `python data/prepare_text.py` "
+                                f"and point --train-files / --val-files at them") from e
     run_id = args.run_id or f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"
     log = Logger(Path(args.log_dir) / f"{run_id}.txt", d.rank == 0)
     log(source_dump(), console=False)
@@ -1278,4 +1284,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ShardError, UnsupportedWorldSize) as e:
+        # Problems with the user's data or launch: one clear message, no traceback (bugs keep theirs).
+        print(f"train_gpt.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

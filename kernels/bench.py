@@ -29,7 +29,6 @@ import csv
 import importlib
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time

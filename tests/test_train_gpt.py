@@ -525,6 +525,17 @@ def test_missing_data_names_the_download_command(tmp_path):
         tg.main(argv)
 
 
+def test_command_line_missing_data_is_one_message_not_a_traceback(tmp_path):
+    """Run as a script, a data problem prints one error line and exits 2 (no traceback wall)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, str(Path(tg.__file__)), "--smoke", "--train-files",
+                          str(tmp_path / "nothing_*.bin"), "--val-files", str(tmp_path / "nothing_val_*.bin"),
+                          "--log-dir", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.startswith("train_gpt.py: error: no shard files match") and "prepare_text.py" in res.stderr
+
+
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
     hp = tg.smoke_hyperparameters()
