@@ -44,3 +44,13 @@ def test_poison_prefill_detects_unwritten_elements():
         assert_all_written(out)
     out[:, 4] = 0.0
     assert_all_written(out)
+
+
+def test_rule1_scale_sets_the_floor():
+    """The floor is one unit roundoff of ``scale``: an error that only a magnitude-scaled floor allows."""
+    ref = torch.tensor([1.0, -1.0], dtype=torch.float64)  # small result of a cancelling sum
+    exact = ref.float()  # torch "happens to be exact": the floor is all that is left
+    off = exact + torch.tensor([3e-6, 0.0])  # ~50 ulps of |ref|, < 1 ulp of a magnitude of 100
+    with pytest.raises(AssertionError, match="exceeds bound"):
+        assert_matches_torch(off, ref, exact)
+    assert_matches_torch(off, ref, exact, scale=100.0)
