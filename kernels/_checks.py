@@ -6,7 +6,11 @@ must refuse overlapping arguments: Triton programs run in no defined order, so a
 byte ranges the tensors span (``data_ptr()`` already includes the storage offset; PyTorch strides are never
 negative, so the last element sits at ``sum((size - 1) * stride)``), so two interleaved views that share no
 element are still reported as overlapping.
+
+``check_kernel_device(name, device)``: Triton kernels run on a CUDA device, or on the CPU only inside Triton's
+interpreter (``TRITON_INTERPRET=1``, which tests/conftest.py sets on machines without a GPU).
 """
+import os
 
 
 def byte_range(t):
@@ -24,3 +28,10 @@ def overlaps(a, b):
         return False
     (a0, a1), (b0, b1) = byte_range(a), byte_range(b)
     return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
+
+
+def check_kernel_device(name, device):
+    """Raise a ValueError naming ``name`` unless ``device`` can run Triton kernels (CUDA, or CPU + interpreter)."""
+    if device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return
+    raise ValueError(f"{name}: tensors must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), got {device}")

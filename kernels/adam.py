@@ -38,12 +38,13 @@ Used by ``train_gpt.py``: :class:`FusedAdamW` for the embedding / head / scalar 
 times it (24M bf16 parameters with fp32 masters: 28 bytes/element, ~157 us at 4.3 TB/s on an H200).
 """
 import collections
-import os
 import struct
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels._checks import check_kernel_device
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (BLOCK, num_warps), tuned on one H200 (2026-11-22, `python -m kernels.bench --only adam --tune`, 24M bf16
@@ -265,8 +266,7 @@ def _plan(params, grads, exp_avgs, exp_avg_sqs, masters, rng_ids, block):
 
 
 def _check_device(device):
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("fused AdamW on CPU tensors needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    check_kernel_device("fused AdamW", device)
 
 
 def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, rng_ids, *, stochastic_rounding, seed, config):

@@ -42,13 +42,12 @@ Design (bandwidth): the minimum traffic is 12 bytes per element (g 2, buf 4 + 4,
   pass 1 marks its streamed loads evict-first so they do not push ``out`` out of L2.
 Both passes are deterministic: bitwise reproducible from run to run.
 """
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import overlaps
+from kernels._checks import check_kernel_device, overlaps
 
 # Polar Express's safety factor (KERNELS.md section 2) and the epsilon that keeps 0 / 0 away.
 NORM_SAFETY = 1.02
@@ -205,9 +204,7 @@ def _check(grad, buf, momentum, out):
         raise ValueError(f"nesterov_momentum: buf (momentum state) must be contiguous, got strides {buf.stride()}")
     if buf.device != grad.device:
         raise ValueError(f"nesterov_momentum: grad is on {grad.device} and buf on {buf.device}")
-    if grad.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"nesterov_momentum: tensors must be on a CUDA device (or run with TRITON_INTERPRET=1), "
-                         f"got {grad.device}")
+    check_kernel_device("nesterov_momentum", grad.device)
     if overlaps(grad, buf):
         raise ValueError("nesterov_momentum: grad and buf overlap in memory")
     if isinstance(momentum, torch.Tensor):

@@ -68,13 +68,12 @@ whatever the tile; the stores are 16-byte vectors now, not yet re-measured on th
 """
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import overlaps
+from kernels._checks import check_kernel_device, overlaps
 from triton.compiler import CompiledKernel
 
 # (a, b, c) of p(s) = a s + b s^3 + c s^5 per iteration: Amsel et al. 2025, computed for 5 iterations,
@@ -383,10 +382,7 @@ def _check_input(name, a):
         raise ValueError(f"{name}: input must be 2-D (M, N) or batched 3-D (B, M, N), got shape {tuple(a.shape)}")
     if a.dtype not in DTYPES:
         raise TypeError(f"{name}: unsupported dtype {a.dtype}; supported: {', '.join(map(str, DTYPES))}")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if not (a.device.type == "cuda" or (interpreted and a.device.type == "cpu")):
-        raise ValueError(f"{name}: input must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), "
-                         f"got {a.device}")
+    check_kernel_device(name, a.device)
 
 
 def _check_out(name, a, out, shape):

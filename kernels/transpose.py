@@ -31,13 +31,12 @@ persistent kernel: CTAs retire as they finish, leaving SMs free for overlapped N
 Traffic (bf16, 768 x 50304): copy reads 77.3 MB and writes 77.3 MB (35.9 us at 4.3 TB/s on H200); add also
 reads dst (231.8 MB, 53.9 us).
 """
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import overlaps
+from kernels._checks import check_kernel_device, overlaps
 
 # Integer types of the same width used to move bits in transpose_copy.
 _RAW_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -149,9 +148,7 @@ def _check(name, src, dst, allowed):
         raise TypeError(f"{name}: unsupported dtype {src.dtype}; supported: {', '.join(map(str, allowed))}")
     if src.device != dst.device:
         raise ValueError(f"{name}: src is on {src.device} and dst on {dst.device}; both must be on one device")
-    if src.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"{name}: tensors must be on a CUDA device (or run with TRITON_INTERPRET=1), "
-                         f"got {src.device}")
+    check_kernel_device(name, src.device)
     if any(stride == 0 and size > 1 for size, stride in zip(dst.shape, dst.stride())):
         raise ValueError(f"{name}: dst has a zero stride (an expanded view): several of its elements share memory")
     if overlaps(src, dst):

@@ -1,7 +1,8 @@
 """kernels/_checks.py: the memory-overlap test every launcher uses to refuse aliasing arguments."""
+import pytest
 import torch
 
-from kernels._checks import byte_range, overlaps
+from kernels._checks import byte_range, check_kernel_device, overlaps
 
 
 def test_byte_range_of_views():
@@ -22,3 +23,14 @@ def test_overlaps():
     assert overlaps(base[:, 0], base[:, 1])  # interleaved: conservative, reported as overlapping
     assert not overlaps(base[:0], base)  # empty tensors never overlap
     assert not overlaps(base, torch.empty(10, 8))
+
+
+def test_check_kernel_device(monkeypatch):
+    check_kernel_device("op", torch.device("cuda", 0))  # never raises for CUDA, GPU present or not
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check_kernel_device("op", torch.device("cpu"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match=r"op: tensors must be on a CUDA device .* got cpu"):
+        check_kernel_device("op", torch.device("cpu"))
+    with pytest.raises(ValueError, match="got meta"):
+        check_kernel_device("op", torch.device("meta"))
