@@ -1,6 +1,7 @@
 """One benchmark for every kernel family: ``python -m kernels.bench [--only NAME ...] [--csv PATH]``.
 
-Each kernel module exposes ``bench_cases(device)``, returning a list of dicts:
+Each module of the ``benchmarks`` package (``benchmarks/<family>.py``, found by listing the package, so a new
+family needs no change here) exposes ``bench_cases(device, tune=False)``, returning a list of dicts:
 
     op        str       kernel name as the module exports it, e.g. "transpose_copy"
     shape     str       human-readable shape, e.g. "768x50304"
@@ -11,7 +12,7 @@ Each kernel module exposes ``bench_cases(device)``, returning a list of dicts:
     baselines dict      name -> callable with no arguments ("torch", "torch.compile", ...)
     check     callable  optional, no arguments; raises if ``fn``'s result is wrong (run once, untimed)
 
-``bench_cases(device, tune=True)`` (``--tune``) adds one case per entry of the module's ``TUNING_CANDIDATES``
+``bench_cases(device, tune=True)`` (``--tune``) adds one case per entry of the kernel module's ``TUNING_CANDIDATES``
 (op names like ``xxt[128x128x64w8s3]``): the only place launch configurations are searched; the winners are
 then hard-coded in the modules with the GPU they were chosen on.
 
@@ -21,43 +22,26 @@ what a caller sees, Python launch overhead included when it exceeds the GPU time
 GB/s and TFLOP/s, the roofline time ``max(bytes / BW, flops / PEAK)`` and the percent of it reached, the
 speedup over each baseline, prints one table and writes a CSV with the GPU name, versions and git sha.
 
-Ceilings (measured on the lent machines, see ../shared/GPU.md): device-to-device copy and dense bf16
-matmul. Other GPUs fall back to the H100 numbers with a warning.
+Ceilings: ``kernels.hardware.CEILINGS`` (measured device-to-device copy and dense bf16 matmul, the table
+the trainer's MFU line uses too). Other GPUs fall back to the H100 numbers with a warning.
 """
 import argparse
 import csv
 import importlib
-import os
 import platform
-import subprocess
 import sys
 import time
 
-# (memory bandwidth in bytes/s counting read + write, dense bf16 matmul FLOP/s)
-CEILINGS = {
-    "H200": (4.3e12, 790e12),
-    "H100": (3.0e12, 800e12),
-}
-MODULES = ["transpose", "polar_express", "momentum", "embedding", "adam"]
+from benchmarks import families
+from kernels.hardware import CEILINGS, ceilings_for, git_sha
 
 
-def ceilings_for(gpu_name):
-    for key, value in CEILINGS.items():
-        if key in gpu_name:
-            return value
-    print(f"warning: no measured ceilings for {gpu_name!r}; using the H100 figures", file=sys.stderr)
-    return CEILINGS["H100"]
-
-
-def git_sha():
-    """The commit being measured; GIT_SHA in the environment wins (copies of the tree without .git)."""
-    if os.environ.get("GIT_SHA"):
-        return os.environ["GIT_SHA"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def gpu_ceilings(gpu_name):
+    ceilings = ceilings_for(gpu_name)
+    if ceilings is None:
+        print(f"warning: no measured ceilings for {gpu_name!r}; using the H100 figures", file=sys.stderr)
+        ceilings = CEILINGS["H100"]
+    return ceilings
 
 
 def time_us(fn, warmup_ms, rep_ms):
@@ -88,12 +72,12 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
     if not torch.cuda.is_available():
         sys.exit("kernels.bench needs a CUDA GPU: timings under the Triton interpreter mean nothing.")
     gpu = torch.cuda.get_device_name()
-    bw, peak = ceilings_for(gpu)
+    bw, peak = gpu_ceilings(gpu)
     rows = []
     print(f"# {gpu} | torch {torch.__version__} | triton {triton.__version__} | CUDA {torch.version.cuda} | "
           f"git {git_sha()} | ceilings {bw / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s", flush=True)
     for name in modules:
-        mod = importlib.import_module(f"kernels.{name}")
+        mod = importlib.import_module(f"benchmarks.{name}")
         for case in mod.bench_cases("cuda", tune=tune):
             if case.get("check") is not None:
                 case["check"]()
@@ -135,14 +119,15 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=MODULES, help="kernel families to run (default: all)")
+    names = families()
+    ap.add_argument("--only", nargs="*", choices=names, help="kernel families to run (default: all)")
     ap.add_argument("--csv", default="kernels_bench.csv", help="CSV output path ('' to skip)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
     ap.add_argument("--tune", action="store_true",
-                    help="also time every launch configuration in each module's TUNING_CANDIDATES")
+                    help="also time every launch configuration in each kernel module's TUNING_CANDIDATES")
     a = ap.parse_args(argv)
-    run(a.only or MODULES, a.csv, a.warmup_ms, a.rep_ms, tune=a.tune)
+    run(a.only or names, a.csv, a.warmup_ms, a.rep_ms, tune=a.tune)
 
 
 if __name__ == "__main__":

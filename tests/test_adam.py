@@ -399,7 +399,7 @@ def test_errors_functional():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# GPU: speedrun sizes and the benchmark's own check
+# GPU: speedrun sizes
 
 
 @needs_cuda
@@ -413,9 +413,3 @@ def test_speedrun_shapes(device, dtype):
     for p in params:
         assert_all_written(p, "param")
     _check_against_ref(params, grads, ms, vs, ws, before, step=1000, **HP)
-
-
-@needs_cuda
-def test_bench_cases_check():
-    for case in adam.bench_cases("cuda", tune=True):
-        case["check"]()

@@ -1,0 +1,39 @@
+"""Facts about the machine and the code being measured, shared by ``train_gpt.py`` and ``kernels/bench.py``.
+
+``CEILINGS``: per GPU, the memory bandwidth (bytes/s, read + write counted) and dense bf16 matmul rate
+(FLOP/s) measured on the lent machines (device-to-device copy and a large bf16 matmul, see
+../shared/GPU.md), not the datasheet peaks. The benchmark's roofline column and the trainer's MFU line
+both divide by these figures, so the two agree.
+
+``git_sha()``: the commit that ran, for logs and benchmark CSVs.
+"""
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# GPU name substring -> (memory bandwidth in bytes/s counting read + write, dense bf16 matmul FLOP/s).
+CEILINGS = {
+    "H200": (4.3e12, 790e12),
+    "H100": (3.0e12, 800e12),
+}
+
+
+def ceilings_for(gpu_name, fallback=None):
+    """(bandwidth, FLOP/s) of the first CEILINGS key found in ``gpu_name``; ``fallback`` when none is."""
+    for key, value in CEILINGS.items():
+        if key in gpu_name:
+            return value
+    return fallback
+
+
+def git_sha():
+    """The commit that ran; GIT_SHA in the environment wins (copies of the tree without .git, e.g. GPU hosts)."""
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
