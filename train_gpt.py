@@ -3,6 +3,9 @@
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
       python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The"
+Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
+names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
+(`STAGES`, schedule section) is edited in the code.
 
 Model (straight-line forward over parameter banks, see `forward`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
@@ -38,16 +41,20 @@ interpreter), compilation is off, and attention uses scaled_dot_product_attentio
 flex_attention has no CPU backward.
 """
 import argparse
+import ast
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import platform
 import queue
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,41 +75,17 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from data.shards import ShardError, load_shard, shard_files
 from kernels.adam import fused_adamw_step
 from kernels.embedding import embedding, prepare_ids
+from kernels.hardware import ceilings_for, git_sha
 from kernels.momentum import nesterov_momentum
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_copy
 
 REPO = Path(__file__).resolve().parent
-# Source files whose text is copied into every log (the code that ran).
-LOGGED_SOURCES = ["train_gpt.py", "kernels/transpose.py", "kernels/polar_express.py", "kernels/momentum.py",
-                  "kernels/embedding.py", "kernels/adam.py", "data/shards.py"]
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # flex_attention block size (tokens); window sizes are counted in these blocks
 
 # -----------------------------------------------------------------------------
-# Hyperparameters and schedule
-
-
-@dataclass(frozen=True)
-class Stage:
-    end_frac: float | None  # stage ends at this fraction of the scheduled steps; None = the extension stage
-    batch_tokens: int  # global tokens per step (SLOTS micro-batches of batch_tokens // SLOTS)
-    windows: tuple  # (short, long) attention windows, in BLOCK-token blocks
-    lr_mul: float  # learning-rate multiplier before the cooldown (grows with the batch: ~ (B/B0)^0.5..0.6)
-
-
-# The public record's three batch-size stages plus a short extension at the final learning rate.
-STAGES = (
-    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0),
-    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52),
-    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73),
-    Stage(None, 24 * 2048 * 8, (6, 13), 1.0),
-)
-SMOKE_STAGES = (
-    Stage(1 / 2, 8 * 128, (1, 1), 1.0),
-    Stage(1.0, 8 * 256, (1, 2), 1.2),
-    Stage(None, 8 * 256, (2, 2), 1.0),
-)
+# Hyperparameters (every field is a command-line flag, see parse_args; the schedule table is below)
 
 
 @dataclass
@@ -115,48 +98,49 @@ class Hyperparameters:
     max_doc_len: int = 2048  # documents are cut to this many tokens inside a training micro-batch
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
     # model
-    vocab_size: int = 50304  # 50257 padded to a multiple of 128
-    num_layers: int = 11
-    model_dim: int = 768
-    num_heads: int = 6
-    head_dim: int = 128
-    mlp_dim: int = 3072
+    vocab_size: int = 50304  # embedding rows: GPT-2's 50257 padded to a multiple of 128
+    num_layers: int = 11  # transformer blocks
+    model_dim: int = 768  # residual width C
+    num_heads: int = 6  # attention heads (num_heads * head_dim must equal model_dim)
+    head_dim: int = 128  # dimensions per attention head
+    mlp_dim: int = 3072  # MLP hidden width
     no_attn_layers: tuple = (6,)  # layers without attention (public record: dropping layer 6's is free)
     ve_tables: tuple = (0, 1, 2, -1, -1, -1, -1, -1, 0, 1, 2)  # value-embedding table per layer, -1 = none
     long_window_layers: tuple = (3, 10)  # layers using the long window; the others use the short one
-    skip_from: int = 3  # U-net skip: lane 0 after this layer's attention ...
-    skip_to: int = 6  # ... is added (gated) before this layer
+    skip_from: int = 3  # U-net skip source: lane 0 after this layer's attention is saved ...
+    skip_to: int = 6  # ... and added (gated) before this layer (U-net skip target)
     parallel_start: int = 7  # first layer with two residual lanes (attention reads lane 0, MLP lane 1)
     gate_dims: int = 12  # attention / value-embedding gates read this many leading dims of the normed input
     attn_scale: float = 0.12  # softmax scale (QK-normed heads need a larger-than-1/sqrt(d) temperature)
     softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
     # schedule
     scheduled_steps: int = 1470  # steps of the staged lr / batch / window schedule
-    extension_steps: int = 40  # steps after it at the final lr, longest windows
+    extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
     cooldown_frac: float = 0.55  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
     cooldown_floor: float = 0.15  # lr multiplier at the end of the cooldown
     untie_frac: float = 2 / 3  # embedding and LM head are tied until this fraction of the scheduled steps
     # Muon (NorMuon) for attn_bank / mlp_bank
-    muon_lr: float = 0.023
-    muon_momentum_min: float = 0.85  # momentum warms up from min to max over muon_warmup_steps ...
-    muon_momentum_max: float = 0.95
-    muon_warmup_steps: int = 300
-    muon_cooldown_steps: int = 50  # ... and goes back to min over the last steps
+    muon_lr: float = 0.023  # Muon learning rate (before the schedule's lr factor)
+    muon_momentum_min: float = 0.85  # momentum at the start and the end (warmup to max, cooldown back to min)
+    muon_momentum_max: float = 0.95  # momentum between the warmup and the cooldown
+    muon_warmup_steps: int = 300  # steps of the momentum warmup
+    muon_cooldown_steps: int = 50  # last steps, where the momentum goes back from max to min
     muon_beta2: float = 0.95  # NorMuon second-moment decay
     muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
     mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
     # Adam for embeddings, head, gates, scalars
-    adam_lr: float = 0.008
-    adam_eps: float = 1e-10
+    adam_lr: float = 0.008  # AdamW learning rate (before the schedule's lr factor)
+    adam_eps: float = 1e-10  # AdamW epsilon added to sqrt(v)
     adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
     save_every: int = 0  # steps between checkpoints (0: only at the end)
     log_train_loss: bool = False  # add train_loss to step lines (a host sync per step)
-    compile: bool = True
+    compile: bool = True  # torch.compile the model functions (always off on the CPU)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
-    stages: tuple = STAGES
+    # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
+    stages: tuple = dataclasses.field(default_factory=lambda: STAGES)  # batch / window / lr stages
 
     @property
     def total_steps(self):
@@ -187,6 +171,32 @@ def smoke_hyperparameters(**overrides):
         scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02)
     return dataclasses.replace(hp, **overrides)
+
+
+# -----------------------------------------------------------------------------
+# Schedule: the stage table and every function of the step number (lr, momentum, untie, windows, batch)
+
+
+@dataclass(frozen=True)
+class Stage:
+    end_frac: float | None  # stage ends at this fraction of the scheduled steps; None = the extension stage
+    batch_tokens: int  # global tokens per step (SLOTS micro-batches of batch_tokens // SLOTS)
+    windows: tuple  # (short, long) attention windows, in BLOCK-token blocks
+    lr_mul: float  # learning-rate multiplier before the cooldown (grows with the batch: ~ (B/B0)^0.5..0.6)
+
+
+# The public record's three batch-size stages plus a short extension at the final learning rate.
+STAGES = (
+    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0),
+    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52),
+    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73),
+    Stage(None, 24 * 2048 * 8, (6, 13), 1.0),
+)
+SMOKE_STAGES = (
+    Stage(1 / 2, 8 * 128, (1, 1), 1.0),
+    Stage(1.0, 8 * 256, (1, 2), 1.2),
+    Stage(None, 8 * 256, (2, 2), 1.0),
+)
 
 
 def stage_bounds(hp):
@@ -229,6 +239,14 @@ def muon_momentum(hp, step):
 
 def untie_step(hp):
     return round(hp.untie_frac * hp.scheduled_steps)
+
+
+def windows_at(hp, step):
+    return stage_at(hp, step)[1].windows
+
+
+def micro_tokens_at(hp, step):
+    return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
 # -----------------------------------------------------------------------------
@@ -906,24 +924,28 @@ def val_batches(hp, tokens, n_micro, d):
 # Logging
 
 
-def source_dump():
-    parts = []
-    for rel in LOGGED_SOURCES:
-        if not (REPO / rel).exists():  # only when a test replaces a module; real runs import them all
+NOT_LOGGED = ("tests", "benchmarks")  # repo folders never part of a run (imported only by a test session)
+
+
+def logged_sources():
+    """Paths (relative to the repo, sorted) of the code that ran: train_gpt.py and every imported module whose
+    file lies in the repo, except NOT_LOGGED and hidden folders (virtual environments carried in the tree)."""
+    rels = {"train_gpt.py"}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
+            continue  # built-in, extension or synthetic (a relative __file__, e.g. torch's "_classes.py")
+        try:
+            rel = Path(path).resolve().relative_to(REPO)
+        except ValueError:
             continue
-        parts.append(f"# ===== file: {rel} =====\n" + (REPO / rel).read_text())
-    return "\n".join(parts)
+        if rel.parts[0] not in NOT_LOGGED and not any(part.startswith(".") or part == "site-packages" for part in rel.parts):
+            rels.add(rel.as_posix())
+    return sorted(rels)
 
 
-def git_sha():
-    """The commit that ran; GIT_SHA in the environment wins (copies of the tree without .git, e.g. GPU hosts)."""
-    if os.environ.get("GIT_SHA"):
-        return os.environ["GIT_SHA"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def source_dump():
+    return "\n".join(f"# ===== file: {rel} =====\n" + (REPO / rel).read_text() for rel in logged_sources())
 
 
 def nvidia_smi():
@@ -976,8 +998,6 @@ def matmul_params(hp):
     return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
 
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak (SXM datasheet)
-
 # -----------------------------------------------------------------------------
 # Checkpoints
 
@@ -1011,14 +1031,6 @@ def load_checkpoint(path, params, opt, d):
 
 # -----------------------------------------------------------------------------
 # Training
-
-
-def windows_at(hp, step):
-    return stage_at(hp, step)[1].windows
-
-
-def micro_tokens_at(hp, step):
-    return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
 class Trainer:
@@ -1101,14 +1113,18 @@ def unique_graphs():
     return counters["stats"]["unique_graphs"]
 
 
-def run_training(hp, args, d):
+def resolve_files(hp):
+    """(train shard paths, val shard paths); a missing corpus names the commands that make one."""
     try:
-        train_files = shard_files(hp.train_files)
-        val_files = shard_files(hp.val_files)
+        return shard_files(hp.train_files), shard_files(hp.val_files)
     except FileNotFoundError as e:
         hint = "" if "cached_fineweb10B" in str(e) else "; get the FineWeb shards with `python data/cached_fineweb10B.py 9`"
         raise FileNotFoundError(f"{e}{hint}, or make shards from your own text with `python data/prepare_text.py` "
                                 f"and point --train-files / --val-files at them") from e
+
+
+def open_log(hp, args, d, train_files, val_files):
+    """The run's log, started with the code that ran and the header; returns (log, run_id)."""
     run_id = args.run_id or f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"
     log = Logger(Path(args.log_dir) / f"{run_id}.txt", d.rank == 0)
     log(source_dump(), console=False)
@@ -1116,48 +1132,56 @@ def run_training(hp, args, d):
     for line in header_lines(hp, d, train_files, val_files):
         log(line, console=False)
     log("=" * 100, console=False)
+    return log, run_id
+
+
+def compile_warmup(trainer, log):
+    """Compile every shape before the clock starts; returns the graph count after it (0 without compile)."""
+    if not trainer.hp.compile:
+        # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
+        log("compile_warmup_s: 0.0")
+        return 0
+    torch._dynamo.config.recompile_limit = 32  # 2 attention variants x (3 train shapes + val) per function
+    warm_s = warmup(trainer)
+    log(f"compile_warmup_s: {warm_s:.1f}")
+    return unique_graphs()
+
+
+def resume(trainer, path, log):
+    """Load a checkpoint into the trainer; returns (first step to run, train time so far in ms)."""
+    ck = load_checkpoint(path, trainer.params, trainer.opt, trainer.d)
+    trainer.loader.load_state(ck["loader"])
+    log(f"resumed_from: {path} step {ck['step']}")
+    return ck["step"], ck["train_time_ms"]
+
+
+def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
+    """Steps start_step .. total_steps with validations and checkpoints; the clock stops during both.
+    Returns (train time in ms, {stage index: [step times in ms]})."""
+    hp, d = trainer.hp, trainer.d
     cuda = d.device.type == "cuda"
 
-    trainer = Trainer(hp, d, train_files, val_files)
-    log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
-        f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    if hp.compile:
-        torch._dynamo.config.recompile_limit = 32  # 2 attention variants x (3 train shapes + val) per function
-    # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
-    warm_s = warmup(trainer) if hp.compile else 0.0
-    graphs_after_warmup = unique_graphs() if hp.compile else 0
-    log(f"compile_warmup_s: {warm_s:.1f}")
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
 
-    start_step, train_ms = 0, 0.0
-    if args.resume:
-        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
-        trainer.loader.load_state(ck["loader"])
-        start_step, train_ms = ck["step"], ck["train_time_ms"]
-        log(f"resumed_from: {args.resume} step {start_step}")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
     T_total = hp.total_steps
-    ckpt_dir = Path(args.checkpoint_dir) / run_id
     stage_ms = {}
-    if cuda:
-        torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for step in range(start_step, T_total + 1):
         last = step == T_total
-        first = step == start_step and args.resume
+        first = step == start_step and resumed
         if last or (hp.val_every > 0 and step % hp.val_every == 0):
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             train_ms += 1000 * (time.perf_counter() - t0)
             val = trainer.validate(windows_at(hp, min(step, T_total - 1)))
             log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
                 f"step_avg:{train_ms / max(step, 1):.2f}ms")
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
         if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             train_ms += 1000 * (time.perf_counter() - t0)
             save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
             t0 = time.perf_counter()
@@ -1171,19 +1195,28 @@ def run_training(hp, args, d):
         tail = f" train_loss:{loss:.6f}" if loss is not None else ""
         log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
     trainer.loader.close()
+    return train_ms, stage_ms
 
+
+def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup):
+    """The footer: peak memory, tokens/s, MFU against the measured matmul ceiling, per-stage step times,
+    recompilations during the timed run."""
+    hp, d = trainer.hp, trainer.d
+    cuda = d.device.type == "cuda"
     if cuda:
         log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
             f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-    steps_run = T_total - start_step
-    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T_total))
+    steps_run = hp.total_steps - start_step
+    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
     tok_s = tokens / d.world / max(train_ms / 1000, 1e-9) if steps_run else 0.0
     log(f"tokens_per_s_per_gpu: {tok_s:.0f}")
     name = torch.cuda.get_device_name(d.device) if cuda else ""
-    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    if peak:
+    ceilings = ceilings_for(name) if cuda else None
+    if ceilings:
+        peak = ceilings[1]
         log(f"mfu: {100 * 6 * matmul_params(hp) * tok_s / peak:.1f}% (6 FLOPs per matmul weight per token, "
-            f"attention scores excluded, peak {peak / 1e12:.0f} TFLOP/s dense bf16)")
+            f"attention scores excluded, of {peak / 1e12:.0f} TFLOP/s: measured dense bf16 matmul on {name}, "
+            f"kernels/hardware.py)")
     else:
         log("mfu: n/a (no peak FLOP/s figure for this device)")
     log("stage_step_avg: " + " ".join(f"stage{i}:{sum(v) / len(v):.2f}ms" for i, v in sorted(stage_ms.items())))
@@ -1191,6 +1224,23 @@ def run_training(hp, args, d):
         extra = unique_graphs() - graphs_after_warmup
         log(f"recompiles_during_timed_run: {extra}" + ("  WARNING: shapes or guards changed after warmup"
                                                          if extra else ""))
+
+
+def run_training(hp, args, d):
+    """One training run: files, log header, trainer, compile warmup, optional resume, timed loop, footer.
+    Returns (log path, checkpoint folder)."""
+    train_files, val_files = resolve_files(hp)
+    log, run_id = open_log(hp, args, d, train_files, val_files)
+    trainer = Trainer(hp, d, train_files, val_files)
+    log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
+        f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
+    graphs_after_warmup = compile_warmup(trainer, log)
+    start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
+    if d.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ckpt_dir = Path(args.checkpoint_dir) / run_id
+    train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume))
+    log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup)
     return log.path, ckpt_dir
 
 
@@ -1225,22 +1275,66 @@ def sample(args, d):
 # Entry point
 
 
+# Short names that users and records use, kept beside the generated --field-name flags.
+FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
+NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
+
+
+def field_comments(cls=None):
+    """{field: its same-line comment} of the Hyperparameters dataclass, read from the source: the help text
+    of the generated flags, so each knob is documented once."""
+    cls = cls or Hyperparameters
+    lines, first = inspect.getsourcelines(cls)
+    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
+                for tok in tokenize.generate_tokens(iter(lines).__next__) if tok.type == tokenize.COMMENT}
+    out = {}
+    for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
+        if isinstance(node, ast.AnnAssign) and node.end_lineno in comments:
+            out[node.target.id] = comments[node.end_lineno]
+    return out
+
+
+def _tuple_parser(elem_type):
+    def parse(text):
+        try:
+            return tuple(elem_type(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {elem_type.__name__}, "
+                                             f"got {text!r}") from None
+    parse.__name__ = f"{elem_type.__name__} list"
+    return parse
+
+
+def add_hyperparameter_flags(p):
+    """One flag per Hyperparameters field: --field-name (plus FLAG_ALIASES), typed from the field, help from
+    its comment; bools as --x / --no-x, tuples as comma lists. Unset flags stay None (keep the default)."""
+    comments = field_comments()
+    g = p.add_argument_group("hyperparameters (defaults: the speedrun, or the smoke config with --smoke)")
+    defaults = Hyperparameters()
+    for f in dataclasses.fields(Hyperparameters):
+        if f.name in NOT_FLAGS:
+            continue
+        names = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
+        default = getattr(defaults, f.name)
+        kw = dict(dest=f.name, default=None, help=f"{comments[f.name]} (default: {default!r})")
+        if f.type is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.type is tuple:
+            kw.update(type=_tuple_parser(type(default[0]) if default else int), metavar="A,B,...")
+        else:
+            kw["type"] = f.type
+        g.add_argument(*names, **kw)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--train-files", help="glob of training shards")
-    p.add_argument("--val-files", help="glob of validation shards")
-    p.add_argument("--steps", type=int, help="scheduled steps (the extension is added on top)")
-    p.add_argument("--extension-steps", type=int)
-    p.add_argument("--val-every", type=int)
-    p.add_argument("--val-tokens", type=int)
-    p.add_argument("--seed", type=int)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
+                                epilog="The Stage table (batch size, windows, lr per stage) is edited in the code.")
+    add_hyperparameter_flags(p)
     p.add_argument("--run-id")
-    p.add_argument("--save-every", type=int, help="checkpoint every K steps (and always at the end)")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from, same world size")
     p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
-    p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--train-loss", action="store_true", help="log train_loss per step (host sync)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (implies --no-compile)")
     p.add_argument("--sample", help="checkpoint folder: print text generated from it")
     p.add_argument("--prompt", default="The")
@@ -1251,14 +1345,10 @@ def parse_args(argv):
 
 def hyperparameters_from(args):
     hp = smoke_hyperparameters() if args.smoke else Hyperparameters()
-    over = {"train_files": args.train_files, "val_files": args.val_files, "scheduled_steps": args.steps,
-            "extension_steps": args.extension_steps, "val_every": args.val_every, "val_tokens": args.val_tokens,
-            "seed": args.seed, "save_every": args.save_every}
+    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters) if f.name not in NOT_FLAGS}
     hp = dataclasses.replace(hp, **{k: v for k, v in over.items() if v is not None})
-    if args.no_compile or args.smoke or not torch.cuda.is_available():
+    if args.smoke or not torch.cuda.is_available():
         hp = dataclasses.replace(hp, compile=False)
-    if args.train_loss:
-        hp = dataclasses.replace(hp, log_train_loss=True)
     return hp
 
 

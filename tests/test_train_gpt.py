@@ -3,6 +3,7 @@ size 1 vs 2 (gloo, the only multi-rank check CI can run), exact gradient accumul
 against a plain per-layer reference, the flex_attention block masks, the data loader's rank split, the
 schedule, and the error messages. CPU: the model runs eagerly, the kernels in Triton's interpreter.
 """
+import dataclasses
 import json
 import math
 import os
@@ -565,3 +566,73 @@ def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
     steps = [(b - a) % 511 for a, b in zip(ids[2:], ids[3:])]
     assert sum(6 <= s <= 10 for s in steps) >= 3, f"continuation {ids[3:]} ignores the rule"
     assert text in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line and logged sources
+
+
+def test_help_lists_every_hyperparameter_with_its_comment():
+    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--help"], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "200"}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    for f in dataclasses.fields(tg.Hyperparameters):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "stages":
+            assert flag not in flat
+            continue
+        assert flag in flat, f"--help lacks {flag}"
+    comments = tg.field_comments()
+    assert set(comments) == {f.name for f in dataclasses.fields(tg.Hyperparameters)}, "a field has no comment"
+    assert comments["muon_beta2"] == "NorMuon second-moment decay" and comments["muon_beta2"] in flat
+
+
+def test_generated_flags_set_their_fields():
+    args = tg.parse_args(["--muon-warmup-steps", "7", "--adam-lr", "0.5", "--no-compile", "--log-train-loss",
+                          "--ve-tables", "1,-1,0", "--no-attn-layers", "", "--param-dtype", "float32"])
+    hp = tg.hyperparameters_from(args)
+    assert (hp.muon_warmup_steps, hp.adam_lr, hp.compile, hp.log_train_loss) == (7, 0.5, False, True)
+    assert (hp.ve_tables, hp.no_attn_layers, hp.param_dtype) == ((1, -1, 0), (), "float32")
+    assert type(hp.muon_warmup_steps) is int and type(hp.adam_lr) is float
+    untouched = {f.name for f in dataclasses.fields(hp)} - {"muon_warmup_steps", "adam_lr", "compile",
+                                                            "log_train_loss", "ve_tables", "no_attn_layers",
+                                                            "param_dtype"}
+    default = tg.Hyperparameters()
+    assert all(getattr(hp, k) == getattr(default, k) for k in untouched)
+    # the short names of the README and the records
+    hp = tg.hyperparameters_from(tg.parse_args(["--smoke", "--steps", "12", "--train-loss", "--seed", "3",
+                                                "--extension-steps", "1", "--val-every", "2"]))
+    smoke = tg.smoke_hyperparameters()
+    assert (hp.scheduled_steps, hp.log_train_loss, hp.seed, hp.extension_steps, hp.val_every) == (12, True, 3, 1, 2)
+    assert (hp.num_layers, hp.stages) == (smoke.num_layers, smoke.stages)
+
+
+@pytest.mark.parametrize("argv", [["--steps", "x"], ["--adam-lr", "fast"], ["--ve-tables", "0,a"],
+                                  ["--seed", "1.5"]])
+def test_bad_flag_value_is_one_line_exit_2(argv):
+    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *argv], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=120)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("train_gpt.py: error: argument --"), res.stderr
+    assert len(res.stderr.splitlines()) <= 3, "a bad value should not print the whole flag list"
+
+
+def test_logged_sources_are_the_imported_project_modules(smoke_run):
+    """The log holds exactly train_gpt.py and the repo modules that were imported, sorted; no tests, no
+    benchmark code (even when this session imported the benchmarks package)."""
+    import benchmarks.transpose  # noqa: F401  (a test session may have imported it; a run never does)
+    _, log_path, _ = smoke_run
+    text = log_path.read_text()
+    logged = re.findall(r"^# ===== file: (\S+) =====$", text, re.M)
+    imported = set()
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if isinstance(path, str) and os.path.isabs(path) and Path(path).resolve().is_relative_to(REPO):
+            imported.add(Path(path).resolve().relative_to(REPO).as_posix())
+    expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))})
+    assert logged == expected
+    assert {"kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py"} <= set(logged)
+    assert "def bench_cases" not in text
