@@ -621,18 +621,21 @@ def test_bad_flag_value_is_one_line_exit_2(argv):
 
 
 def test_logged_sources_are_the_imported_project_modules(smoke_run):
-    """The log holds exactly train_gpt.py and the repo modules that were imported, sorted; no tests, no
-    benchmark code (even when this session imported the benchmarks package)."""
-    import benchmarks.transpose  # noqa: F401  (a test session may have imported it; a run never does)
-    _, log_path, _ = smoke_run
-    text = log_path.read_text()
-    logged = re.findall(r"^# ===== file: (\S+) =====$", text, re.M)
+    """The logged code is exactly train_gpt.py and the repo modules imported, sorted; never tests or benchmark
+    cases (even when the session imported them), and the smoke log's copy is such a list."""
+    import benchmarks.transpose  # noqa: F401  (a test session may import it; a training run never does)
     imported = set()
     for mod in list(sys.modules.values()):
         path = getattr(mod, "__file__", None)
         if isinstance(path, str) and os.path.isabs(path) and Path(path).resolve().is_relative_to(REPO):
             imported.add(Path(path).resolve().relative_to(REPO).as_posix())
     expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))})
-    assert logged == expected
-    assert {"kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py"} <= set(logged)
+    assert tg.logged_sources() == expected
+    _, log_path, _ = smoke_run
+    text = log_path.read_text()
+    logged = re.findall(r"^# ===== file: (\S+) =====$", text, re.M)
+    assert logged == sorted(logged) and set(logged) <= set(expected)
+    assert {"train_gpt.py", "kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py",
+            "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py"} \
+        <= set(logged)
     assert "def bench_cases" not in text
