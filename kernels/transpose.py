@@ -13,9 +13,8 @@ Math (src is (M, N), dst is (N, M), any strides on both):
     transpose_add:   dst[j, i] = round_dtype(fp32(dst[j, i]) + fp32(src[i, j]))  (one rounding)
 
 Dtype policy:
-- ``transpose_copy``: bf16, fp16, fp32, fp8 e4m3fn, fp8 e5m2; src and dst of the same dtype. The data is
-  moved as raw integers of the same width (uint8 / int16 / int32 views), so every bit pattern (NaN
-  payloads, fp8 encodings) survives and the interpreter and every Triton version handle fp8 alike.
+- ``transpose_copy``: bf16, fp16, fp32; src and dst of the same dtype. The data is moved as raw integers
+  of the same width (int16 / int32 views), so every bit pattern (NaN payloads, negative zero) survives.
 - ``transpose_add``: bf16, fp16, fp32; src and dst of the same dtype. The addend is never rounded before
   the add: both values are widened to fp32, added once in fp32 (exact IEEE add, as torch does), and the sum
   is rounded once to nearest-even. This is bit for bit ``(dst.float() + src.T.float()).to(dtype)``, which
@@ -26,7 +25,7 @@ contiguous dimension, transposed with ``tl.trans`` (the layout conversion goes t
 stored coalesced along dst's contiguous dimension. Programs are visited in groups of ``GROUP_M`` tile rows
 so that neighbouring programs touch neighbouring DRAM pages on both sides. It is a plain grid, not a
 persistent kernel: CTAs retire as they finish, leaving SMs free for overlapped NCCL kernels. Index math is
-64-bit: a 49152 x 50304 fp8 gradient has 2.47e9 elements.
+64-bit: a 49152 x 50304 matrix has 2.47e9 elements.
 
 Traffic (bf16, 768 x 50304): copy reads 77.3 MB and writes 77.3 MB (35.9 us at 4.3 TB/s on H200); add also
 reads dst (231.8 MB, 53.9 us).
@@ -39,8 +38,8 @@ import triton.language as tl
 from kernels._checks import check_kernel_device, overlaps
 
 # Integer types of the same width used to move bits in transpose_copy.
-_RAW_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
+_RAW_DTYPE = {2: torch.int16, 4: torch.int32}
+COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Tiles for the usual case, where src and dst are contiguous along different dimensions (a real
@@ -48,8 +47,8 @@ ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # 128 bytes (one full cache line) on both sides, and a tile is 8-16 KB so that several CTAs per SM keep
 # enough bytes in flight. 2-byte entry tuned on one H200 (2026-11-22, `python -m kernels.bench --only
 # transpose --tune`, bf16 768x50304: 128x128w8 42.3 us copy / 61.0 us add, against 54.9 / 63.2 us for 64x64w4);
-# the 1- and 4-byte entries are initial choices, not yet tuned on the device.
-_TRANSPOSE_CONFIG = {1: (128, 128, 8), 2: (128, 128, 8), 4: (64, 64, 8)}
+# the 4-byte entry is an initial choice, not yet tuned on the device.
+_TRANSPOSE_CONFIG = {2: (128, 128, 8), 4: (64, 64, 8)}
 # When src and dst are contiguous along the same dimension (e.g. dst is itself a transposed view, so the
 # operation is a plain strided copy), a long thin tile gives 512-byte runs on both sides.
 # Initial choice for H100/H200, not yet tuned on the device.
