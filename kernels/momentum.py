@@ -22,15 +22,13 @@ In ``train_gpt.py`` the Muon step calls this once per batch of same-shape matric
 attention batch (5, 768, 768) and MLP batch (3, 3072, 768), then feeds X to Polar Express.
 
 The momentum ``mu`` changes every step (0.85 -> 0.95 -> 0.85) and must cause neither a recompilation nor
-a host sync. Two forms are accepted:
-- a Python float, passed to the kernel as a plain fp32 scalar argument. Triton does not specialize on the
-  value of float arguments: its argument specializer types every Python float as "fp32" with no
-  specialization key (checked by calling ``native_specialize_impl`` under Triton 3.9, and read in
-  ``handle_float_type`` of triton-lang/triton ``python/src/specialize.cc``, the native specializer that
-  3.6 also uses; not executed under 3.6 here), so a new value reuses the compiled kernel. Integers *are* specialized (1 becomes a constant), so the
-  launcher converts with ``float()``. The kernel sees ``mu`` rounded to fp32.
-- a 0-d fp32 tensor on grad's device, loaded by pointer in the kernel (the form to use under CUDA graphs,
-  where a Python scalar would be frozen into the graph).
+a host sync. It is a Python float, passed to the kernel as a plain fp32 scalar argument. Triton does not
+specialize on the value of float arguments: its argument specializer types every Python float as "fp32"
+with no specialization key (checked by calling ``native_specialize_impl`` under Triton 3.9, and read in
+``handle_float_type`` of triton-lang/triton ``python/src/specialize.cc``, the native specializer that 3.6
+also uses; not executed under 3.6 here), so a new value reuses the compiled kernel. Integers *are*
+specialized (1 becomes a constant), so the launcher converts with ``float()``. The kernel sees ``mu``
+rounded to fp32.
 
 Design (bandwidth): the minimum traffic is 12 bytes per element (g 2, buf 4 + 4, X 2 for bf16 g).
 - Pass 1, one program per chunk of BLOCK elements of one matrix: updates buf, writes b = bf16(u) into
@@ -80,10 +78,8 @@ _PARTIAL_BLOCK_MAX = 1024
 # ----------------------------------------------------------------------------------------------------
 # Reference (pure PyTorch)
 
-def _mu_for(momentum, like):
-    """mu as the kernel sees it: a tensor is cast to like's dtype (no host sync), a float is rounded to fp32."""
-    if isinstance(momentum, torch.Tensor):
-        return momentum.to(like.dtype)
+def _mu_for(momentum):
+    """mu as the kernel sees it: the float rounded to fp32."""
     return float(torch.tensor(float(momentum), dtype=torch.float32))
 
 
@@ -93,7 +89,7 @@ def nesterov_momentum_ref(grad, buf, momentum, out_dtype=torch.bfloat16):
     Computes in ``buf``'s dtype: fp32 for the same arithmetic as the kernel, float64 (pass a float64
     copy of buf) for an error-free reference. ``out_dtype=torch.float64`` skips the final rounding of X.
     """
-    mu = _mu_for(momentum, buf)
+    mu = _mu_for(momentum)
     g = grad.to(buf.dtype)
     step = (1 - mu) * g
     buf.copy_(mu * buf + step)
@@ -113,16 +109,14 @@ def _momentum_update_kernel(
     buf_ptr,        # (B, M, N) fp32, contiguous; updated in place
     out_ptr,        # (B, M, N) bf16, contiguous; receives bf16(u)
     partial_ptr,    # (B * chunks,) fp32; receives sum(bf16(u)^2) per chunk
-    mu_ptr,         # 0-d fp32 tensor, read when MU_FROM_PTR
     # scalars
-    mu_value,       # fp32 momentum, used when not MU_FROM_PTR
+    mu,             # fp32 momentum
     numel,          # M * N, elements per matrix
     n_cols,         # N
     chunks,         # ceil(numel / BLOCK), programs per matrix
     # grad strides in elements
     stride_gb, stride_gm, stride_gn,
     # meta-parameters
-    MU_FROM_PTR: tl.constexpr,
     GRAD_DENSE: tl.constexpr,   # each grad matrix is row-major contiguous: offset = b*stride_gb + e
     BLOCK: tl.constexpr,
 ):
@@ -137,10 +131,6 @@ def _momentum_update_kernel(
     else:
         row = offs // n_cols
         g_offs = batch * stride_gb + row * stride_gm + (offs - row * n_cols) * stride_gn
-    if MU_FROM_PTR:
-        mu = tl.load(mu_ptr).to(tl.float32)
-    else:
-        mu = mu_value
 
     # g and buf are streamed once: evict them first so that `out` stays in L2 for pass 2.
     g = tl.load(grad_ptr + g_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -207,15 +197,8 @@ def _check(grad, buf, momentum, out):
     check_kernel_device("nesterov_momentum", grad.device)
     if overlaps(grad, buf):
         raise ValueError("nesterov_momentum: grad and buf overlap in memory")
-    if isinstance(momentum, torch.Tensor):
-        if momentum.dim() != 0:
-            raise ValueError(f"nesterov_momentum: a momentum tensor must be 0-d, got shape {tuple(momentum.shape)}")
-        if momentum.dtype != torch.float32:
-            raise TypeError(f"nesterov_momentum: a momentum tensor must be fp32, got {momentum.dtype}")
-        if momentum.device != grad.device:
-            raise ValueError(f"nesterov_momentum: the momentum tensor is on {momentum.device}, grad on {grad.device}")
-    elif not isinstance(momentum, (float, int)) or isinstance(momentum, bool):
-        raise TypeError(f"nesterov_momentum: momentum must be a float or a 0-d tensor, got {type(momentum).__name__}")
+    if not isinstance(momentum, (float, int)) or isinstance(momentum, bool):
+        raise TypeError(f"nesterov_momentum: momentum must be a Python float, got {type(momentum).__name__}")
     if out is not None:
         if out.shape != grad.shape:
             raise ValueError(f"nesterov_momentum: out shape {tuple(out.shape)} differs from grad shape {tuple(grad.shape)}")
@@ -234,7 +217,7 @@ def nesterov_momentum(grad, buf, momentum, out=None, *, config=None):
 
     grad: (M, N) or (B, M, N), bf16 or fp32, any strides.
     buf: fp32, same shape, contiguous (momentum state).
-    momentum: Python float or 0-d fp32 tensor on grad's device.
+    momentum: Python float (rounded to fp32; a new value does not recompile).
     out: optional preallocated bf16 contiguous tensor of grad's shape; returned.
     config: (BLOCK, num_warps, SCALE_BLOCK, SCALE_WARPS) overrides the launch; only the benchmark uses it.
     """
@@ -252,13 +235,12 @@ def nesterov_momentum(grad, buf, momentum, out=None, *, config=None):
     grad_dense = (rows == 1 or gm == cols) and (cols == 1 or gn == 1)
     chunks = triton.cdiv(numel, block)
     partials = torch.empty(batch * chunks, dtype=torch.float32, device=grad.device)
-    mu_tensor = isinstance(momentum, torch.Tensor)
 
     _momentum_update_kernel[(batch * chunks,)](
-        g3, buf, out, partials, momentum if mu_tensor else None,
-        0.0 if mu_tensor else float(momentum), numel, cols, chunks,
+        g3, buf, out, partials,
+        float(momentum), numel, cols, chunks,
         gb, gm, gn,
-        MU_FROM_PTR=mu_tensor, GRAD_DENSE=grad_dense, BLOCK=block, num_warps=num_warps,
+        GRAD_DENSE=grad_dense, BLOCK=block, num_warps=num_warps,
     )
     scale_chunks = triton.cdiv(numel, scale_block)
     n_programs = batch * scale_chunks

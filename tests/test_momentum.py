@@ -44,8 +44,7 @@ def make_inputs(shape, dtype, device, seed=0):
 def check_step(grad, buf, mu, out=None):
     """One kernel step against the float64 reference started from the same buf; returns X."""
     buf_expected = buf.to("cpu", torch.float64)  # a copy: the reference updates it in place
-    mu_cpu = mu.cpu() if isinstance(mu, torch.Tensor) else mu
-    expected = nesterov_momentum_ref(grad.cpu(), buf_expected, mu_cpu, out_dtype=torch.float64)
+    expected = nesterov_momentum_ref(grad.cpu(), buf_expected, mu, out_dtype=torch.float64)
     x = nesterov_momentum(grad, buf, mu, out=out)
     assert x.dtype == torch.bfloat16 and x.shape == grad.shape and x.is_contiguous()
     assert_all_written(x, "X")
@@ -56,12 +55,9 @@ def check_step(grad, buf, mu, out=None):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: DTYPE_IDS[d])
 @pytest.mark.parametrize("shape", SHAPE_PARAMS, ids=shape_id)
-@pytest.mark.parametrize("mu_kind", ["float", "tensor"])
-def test_steps_match_float64_reference(dtype, shape, mu_kind, device):
+def test_steps_match_float64_reference(dtype, shape, device):
     grad, buf = make_inputs(shape, dtype, device)
     for step, mu in enumerate(MUS):
-        if mu_kind == "tensor":
-            mu = torch.tensor(mu, dtype=torch.float32, device=device)
         out = nan_like(grad, torch.bfloat16)  # NaN prefill: every element must be written
         x = check_step(grad, buf, mu, out=out)
         assert x is out
@@ -153,15 +149,6 @@ def test_every_config(config, device):
     assert_elementwise(x, expected, name="X")
 
 
-def test_momentum_tensor_is_read_each_call(device):
-    """The same compiled kernel with a new tensor value gives the new result (nothing is cached)."""
-    grad, buf = make_inputs((2, 64, 96), torch.bfloat16, device)
-    mu = torch.tensor(0.9, device=device)
-    nesterov_momentum(grad, buf.clone(), mu)
-    mu.fill_(0.5)
-    check_step(grad, buf, mu)
-
-
 def test_empty(device):
     grad = torch.zeros(0, 4, 5, dtype=torch.bfloat16, device=device)
     x = nesterov_momentum(grad, torch.zeros(0, 4, 5, device=device), 0.9)
@@ -186,12 +173,9 @@ def test_errors(device):
         nesterov_momentum(g, b.bfloat16(), 0.9)
     with pytest.raises(ValueError, match="buf .* must be contiguous"):
         nesterov_momentum(g, torch.zeros(2, 16, 8, device=device).transpose(1, 2), 0.9)
-    with pytest.raises(ValueError, match="must be 0-d"):
-        nesterov_momentum(g, b, torch.tensor([0.9], device=device))
-    with pytest.raises(TypeError, match="momentum tensor must be fp32"):
-        nesterov_momentum(g, b, torch.tensor(0.9, dtype=torch.float64, device=device))
-    with pytest.raises(TypeError, match="momentum must be a float or a 0-d tensor"):
-        nesterov_momentum(g, b, "0.9")
+    for bad in ("0.9", True, torch.tensor(0.9, device=device)):
+        with pytest.raises(TypeError, match="momentum must be a Python float"):
+            nesterov_momentum(g, b, bad)
     with pytest.raises(ValueError, match="out shape"):
         nesterov_momentum(g, b, 0.9, out=torch.empty(2, 8, 15, dtype=torch.bfloat16, device=device))
     with pytest.raises(TypeError, match="out must be bf16"):
@@ -211,8 +195,6 @@ def test_device_errors():
     b = torch.zeros(2, 8, 16, device="cuda")
     with pytest.raises(ValueError, match="grad is on"):
         nesterov_momentum(g, b.cpu(), 0.9)
-    with pytest.raises(ValueError, match="momentum tensor is on"):
-        nesterov_momentum(g, b, torch.tensor(0.9))
     with pytest.raises(ValueError, match="out is on"):
         nesterov_momentum(g, b, 0.9, out=torch.empty(2, 8, 16, dtype=torch.bfloat16))
 
