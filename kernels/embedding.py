@@ -4,7 +4,7 @@ Math. For ids of any shape holding N positions and a gradient ``grad_out`` of sh
 
     dW[v, :] = sum of grad_out[p, :] over the positions p with ids[p] == v        dW: (V, C)
 
-Rows no id touches are zero (or left unchanged with ``accumulate=True``). The speedrun calls this for the
+Rows no id touches are zero. The speedrun calls this for the
 token embedding and the value embeddings (N = 16384 / 32768 / 49152 tokens per GPU, C = 768, V = 50304), all
 indexed by the same ids, so one :class:`EmbeddingPrep` serves every table.
 
@@ -17,8 +17,7 @@ launch configuration). Positions are stably sorted by id, so the positions of id
     ``PIECE`` positions: [0, PIECE), [PIECE, 2*PIECE), ...). Each piece is summed sequentially as above, and
     the piece partials are added sequentially in tile order. A long segment has more than PIECE positions, so
     a tile meets at most two long segments: the one holding its first position and the one holding its last.
-  * The fp32 total (plus the fp32 value of the old row with ``accumulate=True``) is rounded once to the output
-    dtype: round to nearest even, or stochastically for bf16 with random bits keyed by (seed, v*C + c).
+  * The fp32 total is rounded once to the output dtype, to nearest even.
 ``embedding_backward_ordered_ref`` reproduces this order in plain PyTorch, so tests compare bit for bit.
 
 Kernels (no host synchronisation when a prep is given: every grid depends only on N, C and V):
@@ -35,8 +34,8 @@ Kernels (no host synchronisation when a prep is given: every grid depends only o
 Traffic for N=49152, C=768, V=50304, bf16: read 75.5 MB of gradient, write 77.3 MB of weight gradient,
 plus 0.4 MB of prep tables: ~36 us at the H200's 4.3 TB/s.
 
-Dtypes: grad_out bf16 / fp16 / fp32; output fp32 / bf16 / fp16 (``out.dtype`` if given, else grad_out's);
-all sums in fp32. ids int32 or int64.
+Dtypes: grad_out bf16 / fp16 / fp32; the output has grad_out's dtype (the weight's, under autograd); all sums
+in fp32. ids int32 or int64.
 
 Preparation (``prepare_ids``): a stable sort of the ids plus CSR row offsets. On the CPU (the data loader's
 background thread) it is free of GPU synchronisation; ``.pin_memory()`` and ``.to(device, non_blocking=True)``
@@ -54,7 +53,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._checks import overlaps
 
 # Positions per piece of a long segment: part of the summation order (changing it changes the bits), not a
 # launch parameter. It bounds the sequential work of one program (a program walks at most PIECE positions)
@@ -236,28 +234,18 @@ def _sequential_sums(
 @triton.jit
 def _store_rows(
     # output rows (V, C) and the rows/channels of this block
-    out_ptr, stride_on, rows, cols, C, mask,
-    # fp32 sums to write, seed of the stochastic rounding
-    acc, seed,
-    ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    out_ptr, stride_on, rows, cols, mask,
+    # fp32 sums to write
+    acc,
 ):
-    """out = round(acc) or round(fp32(out) + acc); one rounding, nearest even or stochastic (bf16 only)."""
-    rows64 = rows.to(tl.int64)
-    ptrs = out_ptr + rows64[:, None] * stride_on + cols[None, :]
-    if ACCUMULATE:
-        acc = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + acc
+    """out = round(acc) to nearest even: one rounding."""
+    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + cols[None, :]
     if out_ptr.dtype.element_ty == tl.bfloat16:
-        # Rounding in integer arithmetic: add an increment below bf16's last mantissa bit, then truncate the
-        # low 16 bits. Round to nearest even: increment 0x7FFF plus the last kept bit. Stochastic: 16 random
-        # bits keyed by (seed, element index), so the magnitude rounds up with probability
-        # (dropped bits) / 2^16 and E[result] = acc. Done by hand rather than by .to(tl.bfloat16) so that the
-        # Triton interpreter (which truncates) gives the GPU's bits; overflow correctly carries into inf.
+        # Rounding in integer arithmetic: add 0x7FFF plus the last kept bit below bf16's last mantissa bit,
+        # then truncate the low 16 bits (round to nearest even). Done by hand rather than by .to(tl.bfloat16)
+        # so that the Triton interpreter (which truncates) gives the GPU's bits; overflow carries into inf.
         bits = acc.to(tl.uint32, bitcast=True)
-        if STOCHASTIC:
-            elem = rows64[:, None] * C + cols[None, :]
-            inc = tl.randint(seed, elem).to(tl.uint32, bitcast=True) & 0xFFFF
-        else:
-            inc = 0x7FFF + ((bits >> 16) & 1)
+        inc = 0x7FFF + ((bits >> 16) & 1)
         rounded = ((bits + inc) & 0xFFFF0000).to(tl.float32, bitcast=True)
         val = tl.where(acc != acc, acc, rounded).to(tl.bfloat16)   # NaN payloads could carry into inf
     else:
@@ -275,9 +263,7 @@ def _embedding_bwd_kernel(
     out_ptr, stride_on, partial_ptr,
     # sizes; programs [0, num_piece_blocks) compute piece partials, the rest own output rows
     N, V, C, num_piece_blocks,
-    # stochastic rounding seed
-    seed,
-    PIECE: tl.constexpr, ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    PIECE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -311,11 +297,7 @@ def _embedding_bwd_kernel(
         short = rmask & (cnt <= PIECE)
         acc = _sequential_sums(grad_ptr, stride_gn, stride_gc, order_ptr, lo, cnt, short, cols, cmask,
                                ROWS, BLOCK_C, UNROLL)
-        write = short
-        if ACCUMULATE:
-            write = write & (cnt > 0)       # untouched rows stay exactly as they were
-        _store_rows(out_ptr, stride_on, rows, cols, C, write[:, None] & cmask[None, :], acc, seed,
-                    ACCUMULATE, STOCHASTIC)
+        _store_rows(out_ptr, stride_on, rows, cols, short[:, None] & cmask[None, :], acc)
 
 
 @triton.jit
@@ -326,9 +308,9 @@ def _embedding_bwd_combine_kernel(
     sorted_ids_ptr, row_ptr_ptr,
     # output (V, C) with unit channel stride
     out_ptr, stride_on,
-    # sizes, stochastic rounding seed
-    N, C, seed,
-    PIECE: tl.constexpr, ACCUMULATE: tl.constexpr, STOCHASTIC: tl.constexpr,
+    # sizes
+    N, C,
+    PIECE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # One lane per tile t: it owns the long segment that holds t's last position if the segment starts in t.
@@ -354,8 +336,7 @@ def _embedding_bwd_combine_kernel(
             part = tl.load(partial_ptr + item.to(tl.int64)[:, None] * C + cols[None, :],
                            mask=take[:, None] & cmask[None, :], other=0.0)
             acc = tl.where(take[:, None], acc + part, acc)
-    _store_rows(out_ptr, stride_on, v, cols, C, active[:, None] & cmask[None, :], acc, seed,
-                ACCUMULATE, STOCHASTIC)
+    _store_rows(out_ptr, stride_on, v, cols, active[:, None] & cmask[None, :], acc)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -374,14 +355,13 @@ def _check_config(config):
     return cfg
 
 
-def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=False, prep=None,
-                       stochastic_rounding=False, seed=0, config=None):
+def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None):
     """Weight gradient (num_embeddings, C) of an embedding lookup, deterministic (see the module docstring).
 
-    grad_out: (*ids.shape, C) bf16/fp16/fp32. ids: int32/int64 on grad_out's device. out: optional (V, C)
-    fp32/bf16/fp16 with unit channel stride; ``accumulate=True`` adds into it (one rounding).
+    grad_out: (*ids.shape, C) bf16/fp16/fp32. ids: int32/int64 on grad_out's device. Returns a new (V, C)
+    tensor of grad_out's dtype.
     prep: ``prepare_ids(ids, V)`` on grad_out's device; without it the ids are prepared here (host sync).
-    stochastic_rounding: bf16 output only, random bits from (seed, element index). config: benchmark only.
+    config: benchmark and tests only.
     With a prep, the values of ids are not read (the prep holds them, validated by prepare_ids); only their
     shape, dtype and device are checked, and N and num_embeddings against the prep's."""
     _check_ids_dtype(ids)
@@ -403,31 +383,11 @@ def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=Fa
         prep = prepare_ids(ids, V)
     else:
         _check_prep(prep, V, N, device)
-    if out is None:
-        if accumulate:
-            raise ValueError("accumulate=True needs out= (the tensor to accumulate into)")
-        out = torch.empty((V, C), dtype=grad_out.dtype, device=device)
-    else:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.shape != (V, C):
-            raise ValueError(f"out must have shape (num_embeddings, C) = ({V}, {C}), got {tuple(out.shape)}")
-        if out.dtype not in _GRAD_DTYPES:
-            raise TypeError(f"out must be float32, bfloat16 or float16, got {out.dtype}")
-        if out.device != device:
-            raise ValueError(f"out is on {out.device} but grad_out is on {device}")
-        if C > 1 and out.stride(1) != 1:
-            raise ValueError(f"out must have unit stride along channels, got strides {out.stride()}")
-        if overlaps(out, grad_out):
-            raise ValueError("out must not overlap grad_out in memory")
-    if stochastic_rounding and out.dtype != torch.bfloat16:
-        raise ValueError(f"stochastic_rounding needs a bfloat16 output, got {out.dtype}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
+    out = torch.empty((V, C), dtype=grad_out.dtype, device=device)
     cfg = _check_config(config)
     if C == 0 or N == 0:
         # Nothing to sum; also keeps empty (null-pointer) prep and gradient tensors away from the launcher.
-        return out if accumulate else out.zero_()
+        return out.zero_()
 
     g2 = grad_out.reshape(N, C)               # a view when possible; strides passed to the kernel
     T = triton.cdiv(N, PIECE)
@@ -440,15 +400,14 @@ def embedding_backward(grad_out, ids, num_embeddings, *, out=None, accumulate=Fa
         prep.order, prep.sorted_ids, prep.row_ptr,
         out, out.stride(0), partials,
         N, V, C, num_piece_blocks,
-        seed,
-        PIECE=PIECE, ACCUMULATE=accumulate, STOCHASTIC=stochastic_rounding,
+        PIECE=PIECE,
         ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
     if T:
         _embedding_bwd_combine_kernel[(triton.cdiv(T, rows), triton.cdiv(C, block_c))](
             partials, prep.sorted_ids, prep.row_ptr,
             out, out.stride(0),
-            N, C, seed,
-            PIECE=PIECE, ACCUMULATE=accumulate, STOCHASTIC=stochastic_rounding,
+            N, C,
+            PIECE=PIECE,
             ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
     return out
 

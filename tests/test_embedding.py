@@ -5,8 +5,6 @@ below, and ``embedding_backward_ordered_ref`` (the documented fp32 summation ord
 the kernel must match bit for bit. Without a GPU the kernels run in Triton's interpreter: small shapes only
 (cases marked GPU-only use the real speedrun shapes).
 """
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -54,7 +52,7 @@ def make_ids(kind, n, num_embeddings, seed=0):
     return ids
 
 
-def derived_bound(grad_out, ids, num_embeddings, out_dtype, extra_terms=0):
+def derived_bound(grad_out, ids, num_embeddings, out_dtype):
     """(atol, rtol) for |kernel - float64 reference|, elementwise.
 
     A row of n terms is summed in fp32 with n - 1 additions that can round (the first, 0 + g_0, is exact;
@@ -63,12 +61,10 @@ def derived_bound(grad_out, ids, num_embeddings, out_dtype, extra_terms=0):
     1 + O(n u32). The single rounding to the output dtype adds u_out * |s_fp32|. Hence
         |out - s| <= u_out * |s| + (1 + u_out) * (n - 1) * u32 * (1 + n u32) * sum|g|,
     i.e. rtol = one unit roundoff of the output (rule 2 with ulps=1) and atol = the fp32 summation term,
-    taken at its largest row (nmax terms, max sum|g|) so that the helper gets a scalar. ``extra_terms`` counts
-    the old value of ``out`` with accumulate=True. A dropped, doubled or misplaced gradient row changes a sum
+    taken at its largest row (nmax terms, max sum|g|) so that the helper gets a scalar. A dropped, doubled or misplaced gradient row changes a sum
     by a whole |g| ~ 2.3, far above atol (~1e-4 at the sizes tested)."""
     u32, u_out = unit_roundoff(torch.float32), unit_roundoff(out_dtype)
     n_max = int(torch.bincount(ids.reshape(-1).cpu(), minlength=num_embeddings).max()) if ids.numel() else 0
-    n_max += extra_terms
     abs_sum = embedding_backward_ref(grad_out.abs(), ids, num_embeddings).abs().max().item() if ids.numel() else 0
     atol = (1 + u_out) * max(n_max - 1, 0) * u32 * (1 + n_max * u32) * abs_sum
     return atol, u_out
@@ -83,10 +79,9 @@ def ordered_expected(grad_out, ids, num_embeddings, out_dtype):
     return embedding_backward_ordered_ref(grad_out, ids, num_embeddings).to(out_dtype)
 
 
-# (grad dtype, output dtype): the output dtype comes from out= when it differs from grad's.
-DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
-          (torch.bfloat16, torch.float32)]
-DTYPE_IDS = ["fp32", "bf16", "fp16", "bf16->fp32"]
+# The output has the gradient's dtype.
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 # (N, C, V, kind): N = 0, 1 and sizes that are multiples of no block; C odd and a power of two.
 CPU_CASES = [
@@ -113,15 +108,27 @@ def case_id(c):
     return f"N{c[0]}-C{c[1]}-V{c[2]}-{c[3]}"
 
 
-@pytest.mark.parametrize("gdtype,odtype", DTYPES, ids=DTYPE_IDS)
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty returns NaN-filled floating tensors: an output element (or scratch partial) the kernels
+    never write shows up as NaN."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.parametrize("odtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("N,C,V,kind", CASES, ids=[case_id(c) for c in CASES])
-def test_embedding_backward(N, C, V, kind, gdtype, odtype, device):
+def test_embedding_backward(N, C, V, kind, odtype, device, nan_empty):
     ids = make_ids(kind, N, V).to(device)
-    g = shifted_randn(N, C, dtype=gdtype, device=device)
+    g = shifted_randn(N, C, dtype=odtype, device=device)
     prep = prepare_ids(ids.cpu(), V).to(device)
-    out = torch.full((V, C), float("nan"), dtype=odtype, device=device)
-    res = embedding_backward(g, ids, V, out=out, prep=prep)
-    assert res is out
+    out = embedding_backward(g, ids, V, prep=prep)
+    assert out.shape == (V, C) and out.dtype == odtype
     assert_all_written(out)
     # bit for bit the documented summation order, untouched rows exactly zero included
     expected = ordered_expected(g, ids, V, odtype)
@@ -145,13 +152,11 @@ def test_bitwise_repeatable_and_config_independent(kind, device):
     ids = make_ids(kind, N, V).to(device)
     g = shifted_randn(N, C, dtype=torch.bfloat16, device=device)
     prep = prepare_ids(ids.cpu(), V).to(device)
-    for sr in (False, True):
-        runs = [embedding_backward(g, ids, V, prep=prep, stochastic_rounding=sr, seed=5) for _ in range(3)]
-        runs.append(embedding_backward(g, ids, V, prep=prep, stochastic_rounding=sr, seed=5, config=OTHER_CONFIG))
-        runs.append(embedding_backward(g, ids, V, prep=prep, stochastic_rounding=sr, seed=5,
-                                       config=TUNING_CANDIDATES[-1]))
-        for i, r in enumerate(runs[1:], 1):
-            assert torch.equal(bits(r), bits(runs[0])), f"run {i} (stochastic={sr}) differs from run 0"
+    runs = [embedding_backward(g, ids, V, prep=prep) for _ in range(3)]
+    runs.append(embedding_backward(g, ids, V, prep=prep, config=OTHER_CONFIG))
+    runs.append(embedding_backward(g, ids, V, prep=prep, config=TUNING_CANDIDATES[-1]))
+    for i, r in enumerate(runs[1:], 1):
+        assert torch.equal(bits(r), bits(runs[0])), f"run {i} differs from run 0"
 
 
 @gpu_only
@@ -164,94 +169,6 @@ def test_speedrun_shape_config_independent(device):
         first = embedding_backward(g, ids, V, prep=prep)
         for cfg in [DEFAULT_CONFIG] * 2 + TUNING_CANDIDATES:
             assert torch.equal(embedding_backward(g, ids, V, prep=prep, config=cfg), first), (kind, cfg)
-
-
-@pytest.mark.parametrize("odtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("kind", ["zipf", "long"])
-def test_accumulate(kind, odtype, device):
-    N, C, V = (PIECE * 9 + 5, 33, 50) if kind == "long" else (90, 33, 120)
-    ids = make_ids(kind, N, V).to(device)
-    g = shifted_randn(N, C, dtype=torch.bfloat16, device=device)
-    old = shifted_randn(V, C, dtype=odtype, device=device, mean=1.0, std=3.0)
-    touched = torch.bincount(ids.cpu(), minlength=V) > 0
-    assert not touched.all(), "the case must leave rows untouched"
-    old[(~touched).to(device), 0] = -0.0    # round(-0.0 + 0.0) would be +0.0: untouched rows must not be written
-    out = old.clone()
-    embedding_backward(g, ids, V, out=out, accumulate=True)
-    out_c, old_c = out.cpu(), old.cpu()
-    assert torch.equal(bits(out_c[~touched]), bits(old_c[~touched])), "untouched rows changed"
-    expected = (old_c.float() + embedding_backward_ordered_ref(g, ids, V)).to(odtype)
-    assert torch.equal(bits(out_c[touched]), bits(expected[touched])), "touched rows != round(fp32 old + sum)"
-    atol, rtol = derived_bound(g, ids, V, odtype, extra_terms=1)
-    ref = embedding_backward_ref(g, ids, V) + old_c.double()
-    # the old value is one more term of the fp32 sum (extra_terms=1); its size enters through |old|
-    atol += 2 * unit_roundoff(torch.float32) * old_c.double().abs().max().item()
-    assert_close_report(out_c, ref, atol=atol, rtol=rtol, name="accumulate vs float64")
-
-
-def test_accumulate_with_no_ids_leaves_out_unchanged(device):
-    old = shifted_randn(9, 16, dtype=torch.bfloat16, device=device)
-    out = old.clone()
-    embedding_backward(torch.empty(0, 16, dtype=torch.bfloat16, device=device),
-                       torch.empty(0, dtype=torch.int64, device=device), 9, out=out, accumulate=True)
-    assert torch.equal(out, old)
-
-
-def bf16_neighbours(x):
-    """(toward-zero, away-from-zero) bf16 neighbours of fp32 x, as fp32; equal when x is a bf16 value."""
-    bits = x.view(torch.int32)
-    down = (bits & ~0xFFFF).view(torch.float32)
-    exact = (bits & 0xFFFF) == 0
-    up = torch.where(exact, down, ((bits & ~0xFFFF) + 0x10000).view(torch.float32))
-    return down, up
-
-
-def test_stochastic_rounding(device):
-    N, C, V = 96, 64, 16
-    ids = make_ids("uniform", N, V).to(device)
-    g = shifted_randn(N, C, dtype=torch.float32, device=device)
-    prep = prepare_ids(ids.cpu(), V).to(device)
-    s32 = embedding_backward(g, ids, V, prep=prep).cpu()            # the fp32 sum the rounding starts from
-    assert torch.equal(s32, embedding_backward_ordered_ref(g, ids, V))
-    down, up = bf16_neighbours(s32)
-
-    def sr(seed):
-        out = torch.empty(V, C, dtype=torch.bfloat16, device=device)
-        return embedding_backward(g, ids, V, out=out, prep=prep, stochastic_rounding=True, seed=seed).cpu().float()
-
-    a, b = sr(123), sr(123)
-    assert torch.equal(a, b), "same seed, different bits"
-    assert not torch.equal(a, sr(124)), "seed ignored"
-    # K fixed seeds: every result is one of the two neighbours; the mean over seeds approaches the fp32 value.
-    K = 64
-    samples = torch.stack([sr(seed) for seed in range(K)]).double()      # (K, V, C)
-    assert bool(((samples == down.double()) | (samples == up.double())).all()), "not a neighbour of the fp32 sum"
-    inexact = down != up
-    ulp = (up.double() - down.double()).abs()[inexact]
-    dev = (samples.mean(0) - s32.double())[inexact] / ulp * torch.sign(s32.double()[inexact])
-    M = dev.numel()
-    assert M > 500
-    # Per element, E[dev] = 0 and Var[dev] = p(1-p)/K <= 1/(4K) (p = probability of rounding away from zero).
-    # Mean of dev^2 over M elements: expectation <= 1/(4K), its spread ~ 1/(4K*sqrt(M)); bound 2/(4K).
-    # Rounding to nearest would give ~1/12 = 0.083, truncation ~1/3; 2/(4K) = 0.0078.
-    assert (dev ** 2).mean().item() <= 2 / (4 * K), f"mean squared deviation {(dev ** 2).mean().item():.4f}"
-    # Signed mean over M*K independent draws: sd <= 1/(2 sqrt(KM)); 6 sd catches a bias toward either side.
-    assert abs(dev.mean().item()) <= 6 / (2 * math.sqrt(K * M)), f"bias {dev.mean().item():.4f} ulp"
-
-
-def test_stochastic_rounding_accumulate(device):
-    N, C, V = 40, 32, 12
-    ids = make_ids("uniform", N, V).to(device)
-    g = shifted_randn(N, C, dtype=torch.bfloat16, device=device)
-    old = shifted_randn(V, C, dtype=torch.bfloat16, device=device, mean=0.0, std=4.0)
-    out = old.clone()
-    embedding_backward(g, ids, V, out=out, accumulate=True, stochastic_rounding=True, seed=9)
-    s32 = old.cpu().float() + embedding_backward_ordered_ref(g, ids, V)
-    down, up = bf16_neighbours(s32)
-    touched = torch.bincount(ids.cpu(), minlength=V) > 0
-    o = out.cpu().float()
-    assert bool(((o == down) | (o == up))[touched].all())
-    assert torch.equal(o[~touched], old.cpu().float()[~touched])
 
 
 def test_prepare_ids(device):
@@ -383,22 +300,12 @@ def _args(device, N=6, C=8, V=10, dtype=torch.float32):
     (lambda g, i, V: dict(grad_out=g.double()), TypeError, "grad_out must be float32, bfloat16 or float16"),
     (lambda g, i, V: dict(grad_out=g.to(torch.int32)), TypeError, "grad_out must be float32"),
     (lambda g, i, V: dict(ids=i.to("meta")), ValueError, "ids is on meta but grad_out is on"),
-    (lambda g, i, V: dict(out=torch.zeros(V + 1, 8, device=g.device)), ValueError, r"out must have shape"),
-    (lambda g, i, V: dict(out=torch.zeros(V, 8, dtype=torch.int32, device=g.device)), TypeError,
-     "out must be float32"),
-    (lambda g, i, V: dict(out=torch.zeros(V, 8, dtype=torch.float64, device=g.device)), TypeError,
-     "out must be float32"),
-    (lambda g, i, V: dict(out=torch.zeros(8, V, device=g.device).t()), ValueError, "unit stride"),
-    (lambda g, i, V: dict(out=torch.zeros(V, 8, device="meta")), ValueError, "out is on meta"),
     (lambda g, i, V: dict(prep=prepare_ids(i.cpu(), V + 1).to(g.device)), ValueError,
      "prep was made for num_embeddings=11, but num_embeddings is 10"),
     (lambda g, i, V: dict(prep=prepare_ids(i[:-1].cpu(), V).to(g.device)), ValueError,
      "prep was made for N=5 ids, but ids has 6 elements"),
     (lambda g, i, V: dict(prep=prepare_ids(i.cpu(), V).to("meta")), ValueError, "prep.order is on meta"),
     (lambda g, i, V: dict(prep=(1, 2, 3)), TypeError, "prep must be an EmbeddingPrep"),
-    (lambda g, i, V: dict(stochastic_rounding=True), ValueError, "stochastic_rounding needs a bfloat16"),
-    (lambda g, i, V: dict(accumulate=True), ValueError, "accumulate=True needs out="),
-    (lambda g, i, V: dict(seed=-1), ValueError, "seed must be an int"),
     (lambda g, i, V: dict(config=dict(ROWS=3, BLOCK_C=32, UNROLL=2, num_warps=1)), ValueError,
      "power of two"),
     (lambda g, i, V: dict(config=dict(ROWS=4)), ValueError, "config must have exactly the keys"),
@@ -410,13 +317,6 @@ def test_embedding_backward_errors(mutate, exc, match, device):
     kwargs.update(mutate(g, ids, V))
     with pytest.raises(exc, match=match):
         embedding_backward(**kwargs)
-
-
-def test_out_overlapping_grad_is_rejected(device):
-    buf = torch.zeros(20, 8, device=device)
-    ids = torch.arange(10, device=device)
-    with pytest.raises(ValueError, match="must not overlap"):
-        embedding_backward(buf[:10], ids, 10, out=buf[5:15])
 
 
 def test_embedding_errors(device):
