@@ -7,7 +7,7 @@ increment), all arithmetic in fp32 with every operation rounded once (no fused m
     m  <- lerp(m, g, 1 - beta1)                    torch's lerp: m + c*(g - m) if c < 0.5 else g - (g - m)*(1 - c)
     v  <- v*beta2 + ((1 - beta2)*g)*g
     w  <- w + (-lr/bc1) * (m / (sqrt(v)/sqrt(bc2) + eps))     bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
-    p  <- round(w) to the parameter's dtype        round to nearest even, or stochastic (bf16)
+    p  <- round(w) to the parameter's dtype        round to nearest even
 
 ``w`` is the fp32 master copy of a bf16/fp16 parameter ``p`` (or ``p`` itself when it is fp32). The scalar
 coefficients (``1 - lr*wd``, ``1 - beta1``, ``beta2``, ``1 - beta2``, ``sqrt(bc2)``, ``eps``, ``-lr/bc1``) are
@@ -28,10 +28,7 @@ every tensor of the launch shares them, otherwise a per-tensor fp32 table sent w
 step. No host synchronization.
 
 Shapes and dtypes: any shapes (treated as flat, contiguous); params fp32 / bf16 / fp16; grads any of those
-(the trainer may hand fp32 grads of bf16 params); exp_avg, exp_avg_sq and master fp32. Stochastic rounding
-(bf16 params only): add 16 random bits (Philox, keyed by (seed, step, tensor id, element index)) to the fp32
-bit pattern and truncate, which rounds up with probability equal to the distance to the lower neighbour, so
-the expected value is the fp32 master (llm.c does the same).
+(the trainer may hand fp32 grads of bf16 params); exp_avg, exp_avg_sq and master fp32.
 
 Used by ``train_gpt.py``: :class:`FusedAdamW` for the embedding / head / scalar parameters, or
 :func:`fused_adamw_step` on the trainer's own sharded flat buffers. ``python -m kernels.bench --only adam``
@@ -52,8 +49,8 @@ PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # against 196.6 for (2048, 8), 193.5 for (8192, 16) and 248.2 for the first default (4096, 8).
 DEFAULT_CONFIG = (1024, 4)
 TUNING_CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
-# The per-tensor hyperparameter table (when groups differ) has 8 fp32 columns: decay, w1, beta2, w2, bc2_sqrt,
-# eps, alpha, step. The step is stored as fp32, exact below 2^24 steps; it only keys the stochastic rounding.
+# The per-tensor hyperparameter table (when groups differ) has 7 fp32 columns: decay, w1, beta2, w2, bc2_sqrt,
+# eps, alpha (the output of adamw_coefficients).
 # Launch tables kept for reuse: a few optimizers / flat-buffer sets, each with one or two dtype groups.
 _PLAN_CACHE_SIZE = 16
 
@@ -134,8 +131,7 @@ def fused_adamw_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, 
 @triton.jit
 def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask,
                   decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
-                  seed, step, rng_id,
-                  HAS_MASTER: tl.constexpr, STOCHASTIC: tl.constexpr, ROUND_BF16: tl.constexpr):
+                  HAS_MASTER: tl.constexpr, ROUND_BF16: tl.constexpr):
     """Update the elements ``offs`` (``mask`` None on full chunks, which keeps the accesses vectorizable)."""
     g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask)
@@ -156,16 +152,7 @@ def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask,
     tl.store(v_ptr + offs, v, mask=mask)
     if HAS_MASTER:
         tl.store(w_ptr + offs, w, mask=mask)
-    if STOCHASTIC:
-        # Philox counters: the 64-bit element index, the step and the tensor id, so the random bits depend on
-        # (seed, step, tensor, element) only, never on BLOCK or on which other tensors share the launch.
-        zero = tl.zeros_like(offs).to(tl.uint32)
-        r, _, _, _ = tl.philox(seed, offs.to(tl.uint32), (offs >> 32).to(tl.uint32),
-                               zero + step, zero + rng_id.to(tl.uint32))
-        bits = w.to(tl.uint32, bitcast=True)
-        bits = (bits + (r & 0xFFFF)) & 0xFFFF0000
-        w = tl.where(w != w, w, bits.to(tl.float32, bitcast=True))
-    elif ROUND_BF16:
+    if ROUND_BF16:
         # Round to nearest even on the bit pattern: add 0x7FFF plus the lowest kept bit, truncate. Done by hand
         # because Triton's interpreter truncates fp32 -> bf16; on the GPU it equals the cvt.rn instruction.
         # NaN is kept as is (a NaN with only low mantissa bits set would otherwise carry into an infinity).
@@ -178,23 +165,20 @@ def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask,
 
 @triton.jit
 def _adamw_kernel(
-        # per-tensor tables (int64, one entry per tensor): addresses, element counts, random-stream ids
-        p_addr, g_addr, m_addr, v_addr, w_addr, numel_ptr, rng_ptr,
+        # per-tensor tables (int64, one entry per tensor): addresses, element counts
+        p_addr, g_addr, m_addr, v_addr, w_addr, numel_ptr,
         # chunk table (int64, 2 entries per chunk): tensor index, first element of the chunk
         chunk_ptr,
         # typed witnesses: the first param / grad of the launch; the addresses are cast to their element types
         p_like, g_like,
-        # hyperparameters: kernel scalars, or per-tensor rows of hp_ptr (fp32, 8 each) when HP_TABLE
-        hp_ptr, decay, w1, beta2, w2, bc2_sqrt, eps, alpha, step,
-        # stochastic rounding seed
-        seed,
-        HAS_MASTER: tl.constexpr, HP_TABLE: tl.constexpr, STOCHASTIC: tl.constexpr, ROUND_BF16: tl.constexpr,
+        # hyperparameters: kernel scalars, or per-tensor rows of hp_ptr (fp32, 7 each) when HP_TABLE
+        hp_ptr, decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
+        HAS_MASTER: tl.constexpr, HP_TABLE: tl.constexpr, ROUND_BF16: tl.constexpr,
         ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     t = tl.load(chunk_ptr + 2 * pid)
     start = tl.multiple_of(tl.load(chunk_ptr + 2 * pid + 1), BLOCK)
     n = tl.load(numel_ptr + t)
-    rng_id = tl.load(rng_ptr + t)
     p_ptr = tl.load(p_addr + t).to(tl.pointer_type(p_like.dtype.element_ty))
     g_ptr = tl.load(g_addr + t).to(tl.pointer_type(g_like.dtype.element_ty))
     m_ptr = tl.load(m_addr + t).to(tl.pointer_type(tl.float32))
@@ -208,7 +192,7 @@ def _adamw_kernel(
         v_ptr = tl.multiple_of(v_ptr, 16)
         w_ptr = tl.multiple_of(w_ptr, 16)
     if HP_TABLE:
-        row = hp_ptr + t * 8  # 8 columns, see the table's comment at the top
+        row = hp_ptr + t * 7  # 7 columns, see the table's comment at the top
         decay = tl.load(row + 0)
         w1 = tl.load(row + 1)
         beta2 = tl.load(row + 2)
@@ -216,14 +200,13 @@ def _adamw_kernel(
         bc2_sqrt = tl.load(row + 4)
         eps = tl.load(row + 5)
         alpha = tl.load(row + 6)
-        step = tl.load(row + 7).to(tl.int32)
     offs = start + tl.arange(0, BLOCK)
     if start + BLOCK <= n:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, None, decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
-                      seed, step, rng_id, HAS_MASTER, STOCHASTIC, ROUND_BF16)
+                      HAS_MASTER, ROUND_BF16)
     else:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, offs < n, decay, w1, beta2, w2, bc2_sqrt, eps,
-                      alpha, seed, step, rng_id, HAS_MASTER, STOCHASTIC, ROUND_BF16)
+                      alpha, HAS_MASTER, ROUND_BF16)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -232,15 +215,15 @@ def _adamw_kernel(
 _PLAN_CACHE = collections.OrderedDict()
 
 
-def _plan(params, grads, exp_avgs, exp_avg_sqs, masters, rng_ids, block):
-    """Device tables for one launch, cached by content (every address, size and id), so a hit is always valid.
+def _plan(params, grads, exp_avgs, exp_avg_sqs, masters, block):
+    """Device tables for one launch, cached by content (every address and size), so a hit is always valid.
 
     Returns (tables: dict of int64 device views, n_chunks, aligned).
     """
     w_list = masters if masters is not None else exp_avgs  # unused by the kernel without masters
     addrs = [t.data_ptr() for lst in (params, grads, exp_avgs, exp_avg_sqs, w_list) for t in lst]
     numels = [p.numel() for p in params]
-    key = (params[0].device, block, tuple(addrs), tuple(numels), tuple(rng_ids))
+    key = (params[0].device, block, tuple(addrs), tuple(numels))
     hit = _PLAN_CACHE.get(key)
     if hit is not None:
         _PLAN_CACHE.move_to_end(key)
@@ -252,9 +235,9 @@ def _plan(params, grads, exp_avgs, exp_avg_sqs, masters, rng_ids, block):
     first_chunk = torch.cumsum(counts, 0) - counts
     starts = (torch.arange(n_chunks, dtype=torch.int64) - first_chunk[tensor_idx]) * block
     chunks = torch.stack([tensor_idx, starts], dim=1).reshape(-1)
-    host = torch.cat([torch.tensor(addrs + numels + list(rng_ids), dtype=torch.int64), chunks])
+    host = torch.cat([torch.tensor(addrs + numels, dtype=torch.int64), chunks])
     dev = host.to(params[0].device, non_blocking=True)  # the one host->device copy of a (re)build
-    names = ("p", "g", "m", "v", "w", "numel", "rng")
+    names = ("p", "g", "m", "v", "w", "numel")
     tables = {name: dev[i * n_t:(i + 1) * n_t] for i, name in enumerate(names)}
     tables["chunks"] = dev[len(names) * n_t:]
     aligned = all(a % 16 == 0 for a in addrs)
@@ -269,10 +252,10 @@ def _check_device(device):
     check_kernel_device("fused AdamW", device)
 
 
-def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, rng_ids, *, stochastic_rounding, seed, config):
+def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config):
     """One kernel launch over tensors that share (param dtype, grad dtype, has master, device).
 
-    hps: one tuple (decay, w1, beta2, w2, bc2_sqrt, eps, alpha, step) per tensor. Inputs already checked.
+    hps: one tuple (decay, w1, beta2, w2, bc2_sqrt, eps, alpha) per tensor. Inputs already checked.
     """
     block, num_warps = config if config is not None else DEFAULT_CONFIG
     keep = [i for i, p in enumerate(params) if p.numel() > 0]
@@ -282,30 +265,27 @@ def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, rng_ids, *, stoc
         def pick(lst):
             return None if lst is None else [lst[i] for i in keep]
         params, grads, exp_avgs, exp_avg_sqs, masters = map(pick, (params, grads, exp_avgs, exp_avg_sqs, masters))
-        hps, rng_ids = pick(hps), pick(rng_ids)
+        hps = pick(hps)
     device = params[0].device
     _check_device(device)
-    tables, n_chunks, aligned = _plan(params, grads, exp_avgs, exp_avg_sqs, masters, rng_ids, block)
+    tables, n_chunks, aligned = _plan(params, grads, exp_avgs, exp_avg_sqs, masters, block)
     uniform = all(h == hps[0] for h in hps)
     if uniform:
         hp_table, scalars = tables["numel"], hps[0]  # hp_table unused: any int64 tensor will do
     else:
         hp_table = torch.tensor(hps, dtype=torch.float32).to(device, non_blocking=True)
-        scalars = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1)
-    decay, w1, b2, w2, bc2_sqrt, eps, alpha, step = scalars
-    # Only bf16 params are rounded stochastically (checked upstream: fp16 is refused, fp32 needs no rounding).
-    stochastic = stochastic_rounding and params[0].dtype == torch.bfloat16
+        scalars = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+    decay, w1, b2, w2, bc2_sqrt, eps, alpha = scalars
     _adamw_kernel[(n_chunks,)](
-        tables["p"], tables["g"], tables["m"], tables["v"], tables["w"], tables["numel"], tables["rng"],
+        tables["p"], tables["g"], tables["m"], tables["v"], tables["w"], tables["numel"],
         tables["chunks"], params[0], grads[0],
-        hp_table, decay, w1, b2, w2, bc2_sqrt, eps, alpha, int(step),
-        seed,
-        HAS_MASTER=masters is not None, HP_TABLE=not uniform, STOCHASTIC=stochastic,
+        hp_table, decay, w1, b2, w2, bc2_sqrt, eps, alpha,
+        HAS_MASTER=masters is not None, HP_TABLE=not uniform,
         ROUND_BF16=params[0].dtype == torch.bfloat16, ALIGNED=aligned,
         BLOCK=block, num_warps=num_warps, enable_fp_fusion=False)
 
 
-def _lists_look_valid(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_rounding):
+def _lists_look_valid(params, grads, exp_avgs, exp_avg_sqs, masters):
     """Cheap whole-list checks (a few set comprehensions); _explain_invalid names the culprit when one fails."""
     states = exp_avgs + exp_avg_sqs + [w for w in masters if w is not None]
     tensors = params + grads + states
@@ -318,14 +298,13 @@ def _lists_look_valid(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_
             and [t.shape for t in grads] == shapes and [t.shape for t in exp_avgs] == shapes
             and [t.shape for t in exp_avg_sqs] == shapes
             and all(w is None or w.shape == p.shape for p, w in zip(params, masters))
-            and all(w is not None or p.dtype == torch.float32 for p, w in zip(params, masters))
-            and not (stochastic_rounding and any(p.dtype == torch.float16 for p in params))):
+            and all(w is not None or p.dtype == torch.float32 for p, w in zip(params, masters))):
         return False
     addrs = [t.data_ptr() for t in tensors if t.numel() > 0]
     return len(set(addrs)) == len(addrs)
 
 
-def _explain_invalid(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_rounding):
+def _explain_invalid(params, grads, exp_avgs, exp_avg_sqs, masters):
     """Raise the specific error for the first invalid entry (only called once the fast checks failed)."""
     device = params[0].device
     for i in range(len(params)):
@@ -341,9 +320,6 @@ def _explain_invalid(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_r
             raise TypeError(f"fused_adamw_step: params[{i}] must be float32, bfloat16 or float16, got {p.dtype}")
         if g.dtype not in PARAM_DTYPES:
             raise TypeError(f"fused_adamw_step: grads[{i}] must be float32, bfloat16 or float16, got {g.dtype}")
-        if stochastic_rounding and p.dtype == torch.float16:
-            raise NotImplementedError("fused_adamw_step: stochastic rounding is implemented for bfloat16 params "
-                                      f"only (params[{i}] is float16)")
         if w is None and p.dtype != torch.float32:
             raise ValueError(f"fused_adamw_step: masters[{i}] is None but params[{i}] is {p.dtype}; "
                              "only float32 params may go without an fp32 master")
@@ -368,19 +344,18 @@ def _explain_invalid(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_r
     raise AssertionError("fused_adamw_step: inputs failed a check that _explain_invalid does not cover")
 
 
-def _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_rounding):
+def _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters):
     n = len(params)
     for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs),
                       ("masters", masters)):
         if len(lst) != n:
             raise ValueError(f"fused_adamw_step: {name} has {len(lst)} entries, params has {n}")
-    args = (list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(masters), stochastic_rounding)
+    args = (list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(masters))
     if n and not _lists_look_valid(*args):
         _explain_invalid(*args)
 
 
-def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, rng_ids, *, stochastic_rounding, seed,
-                      config):
+def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config):
     """Split by (param dtype, grad dtype, has master, device) and launch once per group."""
     groups = {}
     for i, p in enumerate(params):
@@ -390,11 +365,11 @@ def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, rng_id
         def pick(lst):
             return [lst[i] for i in idx]
         _launch(pick(params), pick(grads), pick(exp_avgs), pick(exp_avg_sqs), pick(masters) if has_master else None,
-                pick(hps), pick(rng_ids), stochastic_rounding=stochastic_rounding, seed=seed, config=config)
+                pick(hps), config=config)
 
 
 def fused_adamw_step(params, grads, exp_avgs, exp_avg_sqs, masters, *, lr, beta1, beta2, eps, weight_decay, step,
-                     stochastic_rounding=False, seed=0, config=None):
+                     config=None):
     """One AdamW step over lists of tensors, in place: one launch per (param dtype, grad dtype, has master).
 
     params:      list of fp32 / bf16 / fp16 tensors, updated (the rounded master where one is given)
@@ -403,18 +378,13 @@ def fused_adamw_step(params, grads, exp_avgs, exp_avg_sqs, masters, *, lr, beta1
     exp_avg_sqs: list of fp32 second moments, same shapes, updated
     masters:     list of fp32 master weights or None (allowed only for fp32 params, updated in place)
     lr, beta1, beta2, eps, weight_decay: Python floats shared by all tensors of the call
-    step:        1-based step count after the increment (bias correction; stochastic-rounding stream)
-    stochastic_rounding, seed: round master -> bf16 param stochastically, deterministic in (seed, step, tensor
-                 position in the lists, element)
+    step:        1-based step count after the increment (bias correction)
     config:      (BLOCK, num_warps), default DEFAULT_CONFIG
     All tensors contiguous and on one device.
     """
-    _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters, stochastic_rounding)
+    _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
     hp = adamw_coefficients(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=step)
-    hp = hp + (int(step),)
-    n = len(params)
-    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, [hp] * n, list(range(n)),
-                      stochastic_rounding=stochastic_rounding, seed=seed, config=config)
+    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, [hp] * len(params), config=config)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -428,16 +398,12 @@ class FusedAdamW(torch.optim.Optimizer):
     initialised from the param) when ``master_weights`` and the param is not fp32. One ``step()`` is one kernel
     launch per (param dtype, grad dtype, has master) over all params with a grad, across all param groups;
     groups may change lr / betas / eps / weight_decay between steps. Params whose grad is None are skipped
-    (their step count does not advance). ``stochastic_rounding`` (bf16 params) draws its random bits from
-    (seed, step, the param's position among all params, element).
+    (their step count does not advance).
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, master_weights=True,
-                 stochastic_rounding=False, seed=0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, master_weights=True):
         _check_hparams(lr, betas[0], betas[1], eps, weight_decay)
         self.master_weights = master_weights
-        self.stochastic_rounding = stochastic_rounding
-        self.seed = seed
         self.config = None  # (BLOCK, num_warps) of the launches; None: DEFAULT_CONFIG (the benchmark sets it)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
@@ -450,9 +416,6 @@ class FusedAdamW(torch.optim.Optimizer):
                 error = TypeError(f"FusedAdamW does not support complex parameters (got {p.dtype})")
             elif p.dtype not in PARAM_DTYPES:
                 error = TypeError(f"FusedAdamW supports float32, bfloat16 and float16 parameters, got {p.dtype}")
-            elif self.stochastic_rounding and p.dtype == torch.float16:
-                error = NotImplementedError("FusedAdamW: stochastic rounding is implemented for bfloat16 params "
-                                            "only (got float16)")
             elif not p.is_contiguous():
                 error = ValueError("FusedAdamW: parameters must be contiguous")
             if error is not None:
@@ -475,12 +438,10 @@ class FusedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        params, grads, ms, vs, ws, hps, rng_ids = [], [], [], [], [], [], []
-        rng_id = -1
+        params, grads, ms, vs, ws, hps = [], [], [], [], [], []
         for group in self.param_groups:
             hp_of_step = {}  # the group's coefficients, computed once per distinct step count
             for p in group["params"]:
-                rng_id += 1
                 g = p.grad
                 if g is None:
                     continue
@@ -495,17 +456,15 @@ class FusedAdamW(torch.optim.Optimizer):
                     beta1, beta2 = group["betas"]
                     hp = hp_of_step[step] = adamw_coefficients(
                         lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        weight_decay=group["weight_decay"], step=step) + (step,)
+                        weight_decay=group["weight_decay"], step=step)
                 params.append(p)
                 grads.append(g if g.is_contiguous() else g.contiguous())
                 ms.append(state["exp_avg"])
                 vs.append(state["exp_avg_sq"])
                 ws.append(state.get("master_param"))
                 hps.append(hp)
-                rng_ids.append(rng_id)
         if params:
-            _grouped_launches(params, grads, ms, vs, ws, hps, rng_ids, stochastic_rounding=self.stochastic_rounding,
-                              seed=self.seed, config=self.config)
+            _grouped_launches(params, grads, ms, vs, ws, hps, config=self.config)
         return loss
 
     def load_state_dict(self, state_dict):

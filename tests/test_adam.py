@@ -288,55 +288,6 @@ def test_state_dict_round_trip(device):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Stochastic rounding
-
-
-def _sr_step(device, masters, seed, step=4):
-    """lr = 0 keeps the master unchanged, so the param is exactly the stochastic rounding of the master."""
-    n = masters.numel()
-    p = torch.empty(n, dtype=torch.bfloat16, device=device)
-    g = torch.zeros(n, device=device)
-    m, v, w = torch.zeros(n, device=device), torch.zeros(n, device=device), masters.clone()
-    fused_adamw_step([p], [g], [m], [v], [w], step=step, stochastic_rounding=True, seed=seed, **dict(HP, lr=0.0))
-    assert torch.allclose(w, masters, rtol=0, atol=0, equal_nan=True)
-    return p
-
-
-def test_stochastic_rounding(device):
-    n = 1 << 16
-    gen = torch.Generator().manual_seed(11)
-    w = shifted_randn(n, device=device, generator=gen, mean=0.3, std=1.0)
-    p = _sr_step(device, w, seed=1)
-    assert torch.equal(p, _sr_step(device, w, seed=1)), "same (seed, step) must give the same bits"
-    assert not torch.equal(p, _sr_step(device, w, seed=2)), "another seed must give other bits"
-    assert not torch.equal(p, _sr_step(device, w, seed=1, step=5)), "another step must give other bits"
-    # the result is one of the two bf16 neighbours of the master: lo (toward zero), hi (away from zero)
-    bits = w.view(torch.int32) & ~0xFFFF
-    lo, hi = bits.view(torch.float32), (bits + 0x10000).view(torch.float32)
-    ulp = (hi - lo).abs()
-    assert bool(((p.float() == lo) | (p.float() == hi)).all()), "param is not a bf16 neighbour of the master"
-    # unbiased: p_i - w_i has mean 0 and variance f(1-f) ulp_i^2 (f = distance to the lower neighbour in ulps);
-    # the mean over n independent elements is within 5 standard deviations (a 6e-7 chance of a false failure)
-    f = ((w - lo) / (hi - lo)).double()
-    sigma = math.sqrt((f * (1 - f) * ulp.double() ** 2).sum().item()) / n
-    bias = (p.double() - w.double()).mean().item()
-    assert abs(bias) <= 5 * sigma, f"mean rounding error {bias:.3e} exceeds 5 sigma = {5 * sigma:.3e}"
-    # a constant master 0.3 ulp above a bf16 value rounds up in about 30% of the elements
-    x = torch.full((n,), 1.0 + 0.3 * 2 ** -7, device=device)
-    up = (_sr_step(device, x, seed=3).float() > 1.0).double().mean().item()
-    assert abs(up - 0.3) <= 5 * math.sqrt(0.3 * 0.7 / n), f"rounded up in {up:.4f} of the elements, expected 0.3"
-
-
-def test_stochastic_rounding_keeps_special_values(device):
-    w = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -2.0, 3.0e38], device=device)
-    p = _sr_step(device, w, seed=5)
-    expect = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -2.0], dtype=torch.bfloat16)
-    assert torch.equal(p[:7].cpu().isnan(), expect.isnan())
-    assert torch.equal(p[:4].cpu(), expect[:4]) and torch.equal(p[5:7].cpu(), expect[5:7])
-    assert torch.signbit(p[1]).item() and torch.isfinite(p[7]).item()
-
-
-# ------------------------------------------------------------------------------------------------------------
 # Errors
 
 
@@ -354,8 +305,6 @@ def test_errors_optimizer():
         FusedAdamW([p], weight_decay=-0.1)
     with pytest.raises(TypeError, match="complex"):
         FusedAdamW([torch.zeros(4, dtype=torch.complex64, requires_grad=True)])
-    with pytest.raises(NotImplementedError, match="stochastic rounding"):
-        FusedAdamW([torch.zeros(4, dtype=torch.float16, requires_grad=True)], stochastic_rounding=True)
     opt = FusedAdamW([p])
     p.grad = torch.zeros(4).to_sparse()
     with pytest.raises(RuntimeError, match="sparse gradients"):
@@ -393,9 +342,6 @@ def test_errors_functional():
         fused_adamw_step(p, g, m, v, w, step=0, **HP)
     with pytest.raises(ValueError, match="Invalid beta parameter at index 1: 1.0"):
         fused_adamw_step(p, g, m, v, w, step=1, **dict(HP, beta2=1.0))
-    p16, g16, m16, v16, w16 = lists(dtype=torch.float16)
-    with pytest.raises(NotImplementedError, match="bfloat16 params only"):
-        fused_adamw_step(p16, g16, m16, v16, w16, step=1, stochastic_rounding=True, **HP)
 
 
 # ------------------------------------------------------------------------------------------------------------
