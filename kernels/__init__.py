@@ -5,7 +5,10 @@
 - ``kernels.momentum``: fused Nesterov momentum + Frobenius normalization feeding Polar Express.
 - ``kernels.embedding``: deterministic embedding backward and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
-- ``kernels.bench``: ``python -m kernels.bench``, the benchmark of all of the above.
+- ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the
+  trainer's MFU line and the benchmark's roofline.
+- ``kernels._checks``: input checks shared by the launchers.
+- ``kernels.bench``: ``python -m kernels.bench``, the benchmark driver; the cases live in ``benchmarks/``.
 
 Importing this package does no work: each module is imported on its own.
 """
