@@ -281,6 +281,10 @@ def test_polar_express_repeat_calls_and_launch_plans(dtype, shape, device):
     if device == "cuda":
         assert len(pe._PLANS) == 2, "an unaligned input needs its own plan"
     assert torch.equal(pe.polar_express(g.clone()), first)
+    # plans=False (the benchmark's baseline) launches through the JIT: same bits, no plan recorded
+    n_plans = len(pe._PLANS)
+    assert torch.equal(pe.polar_express(g.clone(), plans=False), first)
+    assert len(pe._PLANS) == n_plans, "plans=False must not record a launch plan"
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_polar_express_fewer_steps(steps, device):
