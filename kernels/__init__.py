@@ -5,6 +5,7 @@
 - ``kernels.momentum``: fused Nesterov momentum + Frobenius normalization feeding Polar Express.
 - ``kernels.embedding``: deterministic embedding backward and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
+- ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
 - ``kernels.bench``: ``python -m kernels.bench``, the benchmark of all of the above.
 
 Importing this package does no work: each module is imported on its own.
