@@ -50,16 +50,16 @@ def bench_cases(device, tune=False):
     weights = torch.tensor(MTP_WEIGHTS, device=device)
     grad = torch.full((N,), 1.0 / N, device=device)
     losses = torch.empty(N, device=device)
-    sumexp = torch.empty(N, device=device)
+    stats = torch.empty(2, N, device=device)
     dx = torch.empty_like(x)
     logits_bytes = N * V * x.element_size()
     shape = f"{N}x{V} K={weights.numel()}"
 
     def fwd(cfg=None):
-        softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP, losses=losses, sumexp=sumexp, config=cfg)
+        softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP, losses=losses, stats=stats, config=cfg)
 
     def bwd(cfg=None):
-        softcapped_cross_entropy_bwd(grad, x, sumexp, targets, weights, *SOFTCAP, out=dx, config=cfg)
+        softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP, out=dx, config=cfg)
 
     def fwd_bwd(cfg=None):
         fwd(cfg)
@@ -74,7 +74,7 @@ def bench_cases(device, tune=False):
             fn(x_base, targets, weights, *SOFTCAP).backward(grad)
         return run
 
-    fwd()  # sumexp for the standalone backward case
+    fwd()  # stats for the standalone backward case
     cases = [
         dict(op="softcapped_ce_fwd", shape=shape, dtype="bf16", fn=fwd, bytes=logits_bytes, flops=0,
              baselines={}),

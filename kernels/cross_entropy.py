@@ -15,24 +15,23 @@ g_t the incoming gradient of loss_t, the gradient is
 
 Only x gets a gradient (targets are indices; the weights are a schedule, not parameters).
 
-Log-sum-exp without a running maximum. For A > 0, z lies in (0, A), so every term exp(z - A) lies in
-(exp(-A), 1]: the sum of V terms cannot overflow, and for A <= MAX_A = 80 no term underflows (exp(-80) =
-1.8e-35 is above fp32's smallest normal, 1.2e-38). So the forward sums S_t = sum_v exp(z[t, v] - A) directly,
-with one exp per element and no per-tile max reductions, and lse_t = A + log S_t. The launchers reject A
-outside (0, 80]; the speedrun uses A = 23, B = 5, C = 7.5.
-
-What the forward saves is S_t ("sumexp"), not lse_t. lse_t is about A + log V (23 to 34 here), where one fp32
-ulp is 2^-19; the backward's p = exp(z - lse) would inherit that absolute error as a relative error of p,
-several times fp32's unit roundoff. p = exp(z - A) / S_t has only the relative errors of exp and S_t. For the
-same reason the loss is summed as w_k * (log S_t + (A - z_k)) rather than w_k * (lse_t - z_k): two small
-positive terms instead of two values near 30 that cancel. (x + B) / C is divided correctly rounded
-(``tl.div_rn``), as torch divides; with x * (1/C) + B/C the kernel was measurably less accurate than torch.
+Numerics. The forward keeps a running maximum m of z over the tiles (one max per tile, the lanes' partial
+sums rescaled by exp(m_old - m_new)) and ends with m_t = max_v z[t, v] and S_t = sum_v exp(z[t, v] - m_t);
+it saves both as ``stats`` (2, N) fp32, and the backward computes p = exp(z - m_t) / S_t. Saving
+lse_t = m_t + log S_t instead would cost precision: lse_t is 20 to 35 here, where one fp32 ulp is ~2^-19, and
+that absolute error becomes a relative error of p several times fp32's unit roundoff. A fixed shift
+(exp(z - A), no max) would lose precision on GPUs for a similar reason: there exp(y) is computed as
+2^(y log2 e), and the rounding of the product costs a relative error of about |y| ulps, |y| ~ 10 for most terms
+(with the running max, |y| is small for the terms that dominate the sum and the gradient). For the same
+reason the loss is summed as w_k * (log S_t + (m_t - z_k)), two small non-negative terms, rather than as
+w_k * (lse_t - z_k), and (x + B) / C is divided correctly rounded (``tl.div_rn``), as torch divides.
 
 Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider
 buffer is fine); targets (N,) int64; weights (K,) fp32 on logits' device with 1 <= K <= MAX_K = 4, read by
 the kernels at run time, so changing their values (a per-step schedule) never recompiles (K itself is a
-compile-time constant: one compilation per K). Outputs: losses (N,) fp32 and sumexp (N,) fp32 (saved for the
-backward); dlogits (N, V) in logits' dtype, a fresh contiguous tensor (no (N, V) fp32 temporary is made).
+compile-time constant: one compilation per K). A, B, C finite Python floats, C nonzero. Outputs: losses (N,)
+fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype, a fresh contiguous
+tensor (no (N, V) fp32 temporary is made).
 
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
@@ -40,21 +39,22 @@ NaN loss and a NaN gradient row, which the training loop's loss check sees. Noth
 
 Kernels (one program per row; each walks the row in tiles of BLOCK_V columns: the full tiles without
 masks, then one masked tail tile when BLOCK_V does not divide V):
-  * ``_ce_fwd_kernel``: S_t, then the K gathers of z at the targets; writes losses and sumexp. Reads the
-    logits once.
-  * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - A) / S_t, writes dlogits. Reads
-    the logits once and writes the gradient once.
+  * ``_ce_fwd_kernel``: m_t and S_t, then the K gathers of z at the targets; writes losses and stats. Reads
+    the logits once.
+  * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - m_t) / S_t, writes dlogits.
+    Reads the logits once and writes the gradient once.
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
-written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. Each element also needs 2 (forward) and 3
-(backward) special-function operations (exp, reciprocal), which is of the same order on H100/H200.
+written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. Each element also costs three special-function
+operations in each kernel (two exp and the sigmoid's reciprocal), of the same order of time on H100/H200, so
+the kernels may end up bound by those units rather than by memory.
 
-Used by train_gpt.py's LM head through :func:`softcapped_cross_entropy` (custom ops
+Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
 ``torch.compile(fullgraph=True)``). On the CPU the Triton interpreter is slow at real vocabulary sizes:
 there the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import triton
@@ -62,8 +62,6 @@ import triton.language as tl
 
 from kernels._checks import check_kernel_device, overlaps
 
-# Largest A for which the fixed-shift log-sum-exp cannot underflow a term (see the module docstring).
-MAX_A = 80.0
 # Most weights (terms per row) supported: the backward holds each term's target and weight in registers.
 MAX_K = 4
 
@@ -134,8 +132,8 @@ def _ce_fwd_kernel(
     x_ptr, stride_xn,
     # targets (N,) int64, weights (K,) fp32
     targets_ptr, weights_ptr,
-    # outputs: losses (N,) fp32, sumexp (N,) fp32
-    losses_ptr, sumexp_ptr,
+    # outputs: losses (N,) fp32, stats (2, N) fp32 (row max of z, sum of exp(z - max))
+    losses_ptr, stats_ptr,
     # sizes and softcap constants
     N, V, A, B, C,
     K: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -143,43 +141,50 @@ def _ce_fwd_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
     cols = tl.arange(0, BLOCK_V)
-    acc = tl.zeros((BLOCK_V,), dtype=tl.float32)          # per-lane sums of exp(z - A)
+    m = -float("inf")                                      # running max of z over the tiles seen
+    acc = tl.zeros((BLOCK_V,), dtype=tl.float32)          # per-lane sums of exp(z - m)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
         z, s = _softcap(tl.load(x_row + off + cols), A, B, C)
-        acc += tl.exp(z - A)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        m = m_new
     if v_full < V:                                         # masked tail
-        m = v_full + cols < V
-        z, s = _softcap(tl.load(x_row + v_full + cols, mask=m, other=0.0), A, B, C)
-        acc += tl.where(m, tl.exp(z - A), 0.0)
+        msk = v_full + cols < V
+        z, s = _softcap(tl.load(x_row + v_full + cols, mask=msk, other=0.0), A, B, C)
+        z = tl.where(msk, z, -float("inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        m = m_new
     sumexp = tl.sum(acc, axis=0)
-    log_s = tl.log(sumexp)                                 # lse - A
+    log_s = tl.log(sumexp)                                 # lse - m
 
-    # loss_t = sum_k w_k * (lse - z_k) = sum_k w_k * ((lse - A) + (A - z_k)): no cancellation of two ~A terms
+    # loss_t = sum_k w_k * (lse - z_k) = sum_k w_k * (log S + (m - z_k)): two small non-negative terms
     loss = 0.0
     any_bad = False
     for k in tl.static_range(K):
         tgt, w, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
         zt, st = _softcap(tl.load(x_row + tgt, mask=(row + k < N) & ~bad, other=0.0), A, B, C)
-        loss += w * (log_s + (A - zt))
+        loss += w * (log_s + (m - zt))
         any_bad = any_bad | bad
     loss = tl.where(any_bad, float("nan"), loss)
     tl.store(losses_ptr + row, loss)
-    tl.store(sumexp_ptr + row, sumexp)
+    tl.store(stats_ptr + row, m)
+    tl.store(stats_ptr + N + row, sumexp)
 
 
 @triton.jit
-def _ce_bwd_tile(x_row, dx_row, start, cols, V, inv_s, coef, g, A, B, C, A_over_C,
+def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
                  tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr):
     """One tile of dx = (g W p - g sum_k w_k [v == t_k]) * (A/C) s (1 - s), with coef = g W."""
     c = start + cols
     if MASKED:
-        m = c < V
-        x = tl.load(x_row + c, mask=m, other=0.0)
+        msk = c < V
+        x = tl.load(x_row + c, mask=msk, other=0.0)
     else:
         x = tl.load(x_row + c)
     z, s = _softcap(x, A, B, C)
-    p = tl.exp(z - A) * inv_s
+    p = tl.exp(z - m) * inv_s
     # Target terms, compared per column (K is small; absent terms carry weight 0).
     hit = tl.where(c == tgt0, w0, 0.0)
     if K > 1:
@@ -191,7 +196,7 @@ def _ce_bwd_tile(x_row, dx_row, start, cols, V, inv_s, coef, g, A, B, C, A_over_
     dz = coef * p - g * hit
     dx = (dz * (A_over_C * s * (1.0 - s))).to(dx_row.dtype.element_ty)
     if MASKED:
-        tl.store(dx_row + c, dx, mask=m)
+        tl.store(dx_row + c, dx, mask=msk)
     else:
         tl.store(dx_row + c, dx)
 
@@ -200,8 +205,8 @@ def _ce_bwd_tile(x_row, dx_row, start, cols, V, inv_s, coef, g, A, B, C, A_over_
 def _ce_bwd_kernel(
     # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
     g_ptr, stride_g,
-    # logits (N, V) and their row stride; the forward's sumexp (N,) fp32
-    x_ptr, stride_xn, sumexp_ptr,
+    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
+    x_ptr, stride_xn, stats_ptr,
     # targets (N,) int64, weights (K,) fp32
     targets_ptr, weights_ptr,
     # output: dlogits (N, V) contiguous, logits' dtype
@@ -213,7 +218,8 @@ def _ce_bwd_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
     dx_row = dx_ptr + row * V
-    inv_s = tl.div_rn(1.0, tl.load(sumexp_ptr + row))
+    m = tl.load(stats_ptr + row)
+    inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
     g = tl.load(g_ptr + row * stride_g).to(tl.float32)
     # Up to MAX_K terms as scalars (the launcher checks K), held in registers through the tile loop.
     tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
@@ -232,10 +238,10 @@ def _ce_bwd_kernel(
     cols = tl.arange(0, BLOCK_V)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):
-        _ce_bwd_tile(x_row, dx_row, off, cols, V, inv_s, coef, g, A, B, C, A_over_C,
+        _ce_bwd_tile(x_row, dx_row, off, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
                      tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, False)
     if v_full < V:
-        _ce_bwd_tile(x_row, dx_row, v_full, cols, V, inv_s, coef, g, A, B, C, A_over_C,
+        _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
                      tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True)
 
 
@@ -246,9 +252,6 @@ def _check_scalars(A, B, C):
     for name, val in (("A", A), ("B", B), ("C", C)):
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
             raise TypeError(f"softcapped_cross_entropy: {name} must be a finite Python float, got {val!r}")
-    if not 0 < A <= MAX_A:
-        raise ValueError(f"softcapped_cross_entropy: A must be in (0, {MAX_A}] (fixed-shift log-sum-exp), "
-                         f"got A={A}")
     if C == 0:
         raise ValueError("softcapped_cross_entropy: C must be nonzero")
 
@@ -305,56 +308,55 @@ def _config(logits, config):
     return DEFAULT_CONFIG[logits.dtype]
 
 
-def softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C, losses=None, sumexp=None, config=None):
-    """(losses, sumexp), both (N,) fp32. ``losses``/``sumexp``: optional preallocated outputs; ``config``: a
+def softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C, losses=None, stats=None, config=None):
+    """(losses, stats): losses (N,) fp32 and stats (2, N) fp32 (row max of z, sum of exp(z - max)), which the
+    backward needs. ``losses``/``stats``: optional preallocated outputs; ``config``: a
     dict(BLOCK_V=..., num_warps=...) overriding the per-dtype default (BLOCK_V a power of two)."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
     if losses is None:
         losses = torch.empty(N, dtype=torch.float32, device=dev)
-    if sumexp is None:
-        sumexp = torch.empty(N, dtype=torch.float32, device=dev)
+    if stats is None:
+        stats = torch.empty((2, N), dtype=torch.float32, device=dev)
     _check_out("losses", losses, (N,), torch.float32, dev)
-    _check_out("sumexp", sumexp, (N,), torch.float32, dev)
-    for name, t in (("losses", losses), ("sumexp", sumexp)):
+    _check_out("stats", stats, (2, N), torch.float32, dev)
+    for name, t in (("losses", losses), ("stats", stats)):
         if overlaps(t, logits) or overlaps(t, weights) or overlaps(t, targets):
             raise ValueError(f"softcapped_cross_entropy: {name} must not overlap the inputs in memory")
-    if overlaps(losses, sumexp):
-        raise ValueError("softcapped_cross_entropy: losses and sumexp must not overlap in memory")
+    if overlaps(losses, stats):
+        raise ValueError("softcapped_cross_entropy: losses and stats must not overlap in memory")
     if N == 0:
-        return losses, sumexp
+        return losses, stats
     cfg = _config(logits, config)
     _ce_fwd_kernel[(N,)](
-        logits, logits.stride(0), targets, weights, losses, sumexp,
+        logits, logits.stride(0), targets, weights, losses, stats,
         N, V, float(A), float(B), float(C),
         K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
-    return losses, sumexp
+    return losses, stats
 
 
-def softcapped_cross_entropy_bwd(grad, logits, sumexp, targets, weights, A, B, C, out=None, config=None):
+def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C, out=None, config=None):
     """dlogits (N, V) in logits' dtype, from the incoming gradient ``grad`` (N,) of the losses and the
-    forward's ``sumexp``. ``out``: optional preallocated contiguous output."""
+    forward's ``stats``. ``out``: optional preallocated contiguous output."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
-    for name, t in (("grad", grad), ("sumexp", sumexp)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"softcapped_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.shape != (N,) or t.dtype != torch.float32 or t.device != dev:
-            raise ValueError(f"softcapped_cross_entropy: {name} must be a float32 tensor of shape ({N},) on "
-                             f"{dev}, got {t.dtype} {tuple(t.shape)} on {t.device}")
-    if not sumexp.is_contiguous():
-        raise ValueError("softcapped_cross_entropy: sumexp must be contiguous")
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softcapped_cross_entropy: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != (N,) or grad.dtype != torch.float32 or grad.device != dev:
+        raise ValueError(f"softcapped_cross_entropy: grad must be a float32 tensor of shape ({N},) on {dev}, got "
+                         f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
+    _check_out("stats", stats, (2, N), torch.float32, dev)
     if out is None:
         out = torch.empty((N, V), dtype=logits.dtype, device=dev)
     _check_out("out", out, (N, V), logits.dtype, dev)
-    for name, t in (("grad", grad), ("logits", logits), ("sumexp", sumexp), ("targets", targets), ("weights", weights)):
+    for name, t in (("grad", grad), ("logits", logits), ("stats", stats), ("targets", targets), ("weights", weights)):
         if overlaps(out, t):
             raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
     if N == 0:
         return out
     cfg = _config(logits, config)
     _ce_bwd_kernel[(N,)](
-        grad, grad.stride(0), logits, logits.stride(0), sumexp, targets, weights, out,
+        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out,
         N, V, float(A), float(B), float(C), float(A) / C,
         K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
     return out
@@ -372,17 +374,17 @@ def _ce_fwd_op(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tenso
 @_ce_fwd_op.register_fake
 def _(logits, targets, weights, A, B, C):
     n = logits.shape[0]
-    return logits.new_empty((n,), dtype=torch.float32), logits.new_empty((n,), dtype=torch.float32)
+    return logits.new_empty((n,), dtype=torch.float32), logits.new_empty((2, n), dtype=torch.float32)
 
 
 @torch.library.custom_op("speedrun::softcapped_ce_bwd", mutates_args=())
-def _ce_bwd_op(grad: torch.Tensor, logits: torch.Tensor, sumexp: torch.Tensor, targets: torch.Tensor,
+def _ce_bwd_op(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
                weights: torch.Tensor, A: float, B: float, C: float) -> torch.Tensor:
-    return softcapped_cross_entropy_bwd(grad, logits, sumexp, targets, weights, A, B, C)
+    return softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C)
 
 
 @_ce_bwd_op.register_fake
-def _(grad, logits, sumexp, targets, weights, A, B, C):
+def _(grad, logits, stats, targets, weights, A, B, C):
     return logits.new_empty(tuple(logits.shape))
 
 
@@ -393,12 +395,12 @@ def _ce_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _ce_backward_rule(ctx, grad_losses, grad_sumexp):
-    # grad_sumexp is None or zeros: sumexp is an internal output (non-differentiable), never used downstream.
-    logits, sumexp, targets, weights = ctx.saved_tensors
+def _ce_backward_rule(ctx, grad_losses, grad_stats):
+    # stats is an internal output marked non-differentiable: grad_stats is None or zeros and is ignored.
+    logits, stats, targets, weights = ctx.saved_tensors
     dlogits = None
     if ctx.needs_input_grad[0]:
-        dlogits = _ce_bwd_op(grad_losses.float(), logits, sumexp, targets, weights, *ctx.abc)
+        dlogits = _ce_bwd_op(grad_losses.float(), logits, stats, targets, weights, *ctx.abc)
     return dlogits, None, None, None, None, None
 
 
