@@ -140,6 +140,14 @@ def test_more_weights_than_rows(device):
     check_against_spec(x, targets, weights, *run_fused(x, targets, weights, grad, config=SMALL_TILE), grad)
 
 
+def test_no_rows(device):
+    x = torch.empty(0, 20, device=device)
+    targets, weights = torch.empty(0, dtype=torch.int64, device=device), torch.ones(3, device=device)
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    assert losses.shape == (0,) and stats.shape == (2, 0)
+    assert softcapped_cross_entropy_bwd(losses, x, stats, targets, weights, *SOFTCAP).shape == (0, 20)
+
+
 def test_strided_logits_and_broadcast_grad(device):
     """Logits as a column slice of a wider buffer (row stride 97 > V) and an incoming gradient of stride 0
     (what .sum().backward() passes) give the results of the contiguous copy."""
@@ -224,21 +232,26 @@ def test_custom_op_opcheck(device):
     torch.library.opcheck(torch.ops.speedrun.softcapped_ce_bwd.default, bwd_args)
 
 
+def check_compiled(backend, x, targets, weights):
+    """torch.compile(fullgraph=True) around a function calling the op: same losses and gradient as the
+    launchers, bit for bit (per-row losses are returned unreduced, so no compiled reduction order enters)."""
+    torch._dynamo.reset()
+    kwargs = {} if backend is None else dict(backend=backend)
+    fn = torch.compile(lambda x, t, w: softcapped_cross_entropy(x * 1.0, t, w, *SOFTCAP), fullgraph=True, **kwargs)
+    xg = x.clone().requires_grad_()
+    got = fn(xg, targets, weights)
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    assert torch.equal(got, losses)
+    grad = shifted_randn(x.shape[0], device=x.device, mean=0.3, std=1.0)
+    got.backward(grad)
+    assert torch.equal(xg.grad, softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP))
+    return fn
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compiles_fullgraph_cpu_backends(backend, device):
     """fullgraph=True: the ops trace without graph breaks; aot_eager also runs their fake implementations."""
-    torch._dynamo.reset()
-    N, V = 13, 20
-    x, targets, weights = make_inputs(N, V, 3, device=device)
-    xg = x.clone().requires_grad_()
-    fn = torch.compile(lambda x, t, w: softcapped_cross_entropy(x * 1.0, t, w, *SOFTCAP).sum(),
-                       fullgraph=True, backend=backend)
-    loss = fn(xg, targets, weights)
-    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
-    assert torch.equal(loss, losses.sum())
-    loss.backward()
-    assert torch.equal(xg.grad, softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, targets,
-                                                             weights, *SOFTCAP))
+    check_compiled(backend, *make_inputs(13, 20, 3, device=device))
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -318,17 +331,8 @@ def test_speedrun_vocab_many_rows(device):
 
 @gpu_only
 def test_compiles_fullgraph_inductor(device):
-    torch._dynamo.reset()
-    N, V = 1024, 50304
-    x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device)
-    xg = x.clone().requires_grad_()
-    fn = torch.compile(lambda x, t, w: softcapped_cross_entropy(x, t, w, *SOFTCAP).sum(), fullgraph=True)
-    loss = fn(xg, targets, weights)
-    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
-    assert torch.equal(loss, losses.sum())
-    loss.backward()
-    assert torch.equal(xg.grad, softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, targets,
-                                                             weights, *SOFTCAP))
+    x, targets, weights = make_inputs(1024, 50304, 3, dtype=torch.bfloat16, device=device)
+    fn = check_compiled(None, x, targets, weights)
     # new weight values: same compiled graph, new result
     w2 = torch.tensor([1.0, 0.0, 0.0], device=device)
-    assert torch.equal(fn(x, targets, w2), softcapped_cross_entropy_fwd(x, targets, w2, *SOFTCAP)[0].sum())
+    assert torch.equal(fn(x, targets, w2), softcapped_cross_entropy_fwd(x, targets, w2, *SOFTCAP)[0])
