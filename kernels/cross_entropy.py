@@ -50,8 +50,9 @@ the kernels may end up bound by those units rather than by memory.
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
-``torch.compile(fullgraph=True)``). On the CPU the Triton interpreter is slow at real vocabulary sizes:
-there the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
+``torch.compile(fullgraph=True)``). On the CPU the Triton interpreter is slow at real vocabulary sizes
+(forward + backward of 64 rows, V=50304: 12.4 s, against 1.7 s for the reference, on 2 shared cores): there
+the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
 import math
 from typing import Tuple
@@ -73,7 +74,8 @@ DEFAULT_CONFIG = {
     torch.bfloat16: dict(BLOCK_V=2048, num_warps=8),
     torch.float32: dict(BLOCK_V=1024, num_warps=8),
 }
-# Under TRITON_INTERPRET=1 (CPU) the cost is per tile, so fewer, wider tiles are faster; same results.
+# Under TRITON_INTERPRET=1 (CPU) the cost is per tile, so fewer, wider tiles are faster (results differ from
+# the GPU configuration only by the order of the fp32 sums).
 INTERPRETER_CONFIG = dict(BLOCK_V=4096, num_warps=4)
 TUNING_CANDIDATES = [
     dict(BLOCK_V=1024, num_warps=4),
@@ -281,6 +283,9 @@ def _check_inputs(logits, targets, weights, A, B, C):
     if weights.dim() != 1 or weights.numel() == 0:
         raise ValueError(f"softcapped_cross_entropy: weights must be 1-D and non-empty (K,), got shape "
                          f"{tuple(weights.shape)}")
+    for name, t in (("targets", targets), ("weights", weights)):
+        if t.numel() > 1 and t.stride(0) != 1:
+            raise ValueError(f"softcapped_cross_entropy: {name} must be contiguous, got stride {t.stride(0)}")
     K = weights.shape[0]
     if K > MAX_K:
         raise ValueError(f"softcapped_cross_entropy: at most {MAX_K} weights are supported, got K={K}")
@@ -409,5 +414,7 @@ torch.library.register_autograd("speedrun::softcapped_ce_fwd", _ce_backward_rule
 
 def softcapped_cross_entropy(logits, targets, weights, A, B, C):
     """Per-row losses (N,) fp32 of the module docstring, differentiable in ``logits`` (fused backward)."""
+    if isinstance(targets, torch.Tensor) and isinstance(weights, torch.Tensor):
+        targets, weights = targets.contiguous(), weights.contiguous()   # (N,) and (K,): cheap copies if any
     _check_inputs(logits, targets, weights, A, B, C)
     return _ce_fwd_op(logits, targets, weights, float(A), float(B), float(C))[0]

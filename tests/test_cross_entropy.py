@@ -271,6 +271,8 @@ def test_input_errors(device):
         call(x, targets.int(), weights, *SOFTCAP)
     with pytest.raises(ValueError, match=r"targets must have shape \(N,\) = \(4,\)"):
         call(x, targets[:3], weights, *SOFTCAP)
+    with pytest.raises(ValueError, match="targets must be contiguous, got stride 2"):
+        call(x, torch.zeros(2 * N, dtype=torch.int64, device=device)[::2], weights, *SOFTCAP)
     with pytest.raises(TypeError, match="weights must be float32"):
         call(x, targets, weights.double(), *SOFTCAP)
     with pytest.raises(ValueError, match="weights must be 1-D and non-empty"):
