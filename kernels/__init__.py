@@ -5,6 +5,7 @@
 - ``kernels.momentum``: fused Nesterov momentum + Frobenius normalization feeding Polar Express.
 - ``kernels.embedding``: deterministic embedding backward and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
+- ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the
   trainer's MFU line and the benchmark's roofline.
 - ``kernels._checks``: input checks shared by the launchers.

@@ -1,0 +1,420 @@
+"""Fused soft-capped multi-token cross entropy: per-row losses, and a one-kernel backward into the logits.
+
+Math. For logits x (N, V), targets (N,) and K weights w_0..w_{K-1} (multi-token prediction: row t is also
+scored on the token k places further on, with weight w_k):
+
+    z[t, v]  = A * sigmoid((x[t, v] + B) / C)                 soft-capped logits, computed in fp32
+    lse_t    = log sum_v exp(z[t, v])
+    loss_t   = sum_k w_k * (lse_t - z[t, targets[t + k]])     over k = 0..K-1 with t + k < N
+
+The last K - 1 rows have fewer terms (k = 0 is always there). With W_t = sum of w_k over the valid k and
+g_t the incoming gradient of loss_t, the gradient is
+
+    dL/dx[t, v] = g_t * (W_t * softmax(z_t)[v] - sum_k w_k [t + k < N] [v == targets[t + k]]) * dz/dx[t, v]
+    dz/dx       = (A / C) * s * (1 - s),   s = sigmoid((x + B) / C)
+
+Only x gets a gradient (targets are indices; the weights are a schedule, not parameters).
+
+Numerics. The forward keeps a running maximum m of z over the tiles (one max per tile, the lanes' partial
+sums rescaled by exp(m_old - m_new)) and ends with m_t = max_v z[t, v] and S_t = sum_v exp(z[t, v] - m_t);
+it saves both as ``stats`` (2, N) fp32, and the backward computes p = exp(z - m_t) / S_t. Saving
+lse_t = m_t + log S_t instead would cost precision: lse_t is 20 to 35 here, where one fp32 ulp is ~2^-19, and
+that absolute error becomes a relative error of p several times fp32's unit roundoff. A fixed shift
+(exp(z - A), no max) would lose precision on GPUs for a similar reason: there exp(y) is computed as
+2^(y log2 e), and the rounding of the product costs a relative error of about |y| ulps, |y| ~ 10 for most terms
+(with the running max, |y| is small for the terms that dominate the sum and the gradient). For the same
+reason the loss is summed as w_k * (log S_t + (m_t - z_k)), two small non-negative terms, rather than as
+w_k * (lse_t - z_k), and (x + B) / C is divided correctly rounded (``tl.div_rn``), as torch divides.
+
+Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider
+buffer is fine); targets (N,) int64; weights (K,) fp32 on logits' device with 1 <= K <= MAX_K = 4, read by
+the kernels at run time, so changing their values (a per-step schedule) never recompiles (K itself is a
+compile-time constant: one compilation per K). A, B, C finite Python floats, C nonzero. Outputs: losses (N,)
+fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype, a fresh contiguous
+tensor (no (N, V) fp32 temporary is made).
+
+Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
+them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
+NaN loss and a NaN gradient row, which the training loop's loss check sees. Nothing is read out of bounds.
+
+Kernels (one program per row; each walks the row in tiles of BLOCK_V columns: the full tiles without
+masks, then one masked tail tile when BLOCK_V does not divide V):
+  * ``_ce_fwd_kernel``: m_t and S_t, then the K gathers of z at the targets; writes losses and stats. Reads
+    the logits once.
+  * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - m_t) / S_t, writes dlogits.
+    Reads the logits once and writes the gradient once.
+Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
+written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. Each element also costs three special-function
+operations in each kernel (two exp and the sigmoid's reciprocal), of the same order of time on H100/H200, so
+the kernels may end up bound by those units rather than by memory.
+
+Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
+``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
+``torch.compile(fullgraph=True)``). On the CPU the Triton interpreter is slow at real vocabulary sizes
+(forward + backward of 64 rows, V=50304: 12.4 s, against 1.7 s for the reference, on 2 shared cores): there
+the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
+"""
+import math
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_kernel_device, overlaps
+
+# Most weights (terms per row) supported: the backward holds each term's target and weight in registers.
+MAX_K = 4
+
+# Launch configuration per logits dtype: columns per tile, warps. Not yet measured: a 2048-column tile of
+# bf16 is 4 KB per tile, 8 warps give each thread 8 contiguous bf16 (one 16-byte load); fp32 uses half the
+# columns for the same bytes. `python -m kernels.bench --only cross_entropy --tune` times TUNING_CANDIDATES
+# on a GPU; the winners belong here with the GPU named.
+DEFAULT_CONFIG = {
+    torch.bfloat16: dict(BLOCK_V=2048, num_warps=8),
+    torch.float32: dict(BLOCK_V=1024, num_warps=8),
+}
+# Under TRITON_INTERPRET=1 (CPU) the cost is per tile, so fewer, wider tiles are faster (results differ from
+# the GPU configuration only by the order of the fp32 sums).
+INTERPRETER_CONFIG = dict(BLOCK_V=4096, num_warps=4)
+TUNING_CANDIDATES = [
+    dict(BLOCK_V=1024, num_warps=4),
+    dict(BLOCK_V=2048, num_warps=4),
+    dict(BLOCK_V=2048, num_warps=8),
+    dict(BLOCK_V=4096, num_warps=8),
+    dict(BLOCK_V=4096, num_warps=16),
+]
+
+_LOGIT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure-PyTorch reference
+# ---------------------------------------------------------------------------------------------------------
+def softcapped_cross_entropy_ref(logits, targets, weights, A, B, C):
+    """The module's math in plain PyTorch, differentiable in ``logits`` by autograd.
+
+    Computes in float64 for float64 logits and in fp32 otherwise; returns per-row losses (N,) in that dtype.
+    Materialises z (N, V) in that dtype: fine for tests and CPU runs, wasteful on a GPU."""
+    dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    z = A * torch.sigmoid((logits.to(dt) + B) / C)
+    lse = torch.logsumexp(z, dim=-1)
+    N = logits.shape[0]
+    losses = torch.zeros(N, dtype=dt, device=logits.device)
+    w = weights.to(dt)
+    for k in range(min(weights.shape[0], N)):
+        picked = z[:N - k].gather(1, targets[k:].reshape(-1, 1)).reshape(-1)
+        losses = losses + torch.nn.functional.pad(w[k] * (lse[:N - k] - picked), (0, k))
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def _softcap(x, A, B, C):
+    """(z, s): s = sigmoid((x + B) / C) and z = A * s, in fp32 (correctly rounded division, as torch's)."""
+    s = tl.sigmoid(tl.div_rn(x.to(tl.float32) + B, C))
+    return A * s, s
+
+
+@triton.jit
+def _row_term(targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
+    """Target and weight of term k of this row (weight 0 when t + k >= N), and whether the target is bad."""
+    present = row + k < N
+    tgt = tl.load(targets_ptr + row + k, mask=present, other=0)
+    w = tl.where(present, tl.load(weights_ptr + k), 0.0)
+    bad = present & ((tgt < 0) | (tgt >= V))
+    return tgt, w, bad
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    # logits (N, V), row stride in elements (unit column stride)
+    x_ptr, stride_xn,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # outputs: losses (N,) fp32, stats (2, N) fp32 (row max of z, sum of exp(z - max))
+    losses_ptr, stats_ptr,
+    # sizes and softcap constants
+    N, V, A, B, C,
+    K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xn
+    cols = tl.arange(0, BLOCK_V)
+    m = -float("inf")                                      # running max of z over the tiles seen
+    acc = tl.zeros((BLOCK_V,), dtype=tl.float32)          # per-lane sums of exp(z - m)
+    v_full = (V // BLOCK_V) * BLOCK_V
+    for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
+        z, s = _softcap(tl.load(x_row + off + cols), A, B, C)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        m = m_new
+    if v_full < V:                                         # masked tail
+        msk = v_full + cols < V
+        z, s = _softcap(tl.load(x_row + v_full + cols, mask=msk, other=0.0), A, B, C)
+        z = tl.where(msk, z, -float("inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        m = m_new
+    sumexp = tl.sum(acc, axis=0)
+    log_s = tl.log(sumexp)                                 # lse - m
+
+    # loss_t = sum_k w_k * (lse - z_k) = sum_k w_k * (log S + (m - z_k)): two small non-negative terms
+    loss = 0.0
+    any_bad = False
+    for k in tl.static_range(K):
+        tgt, w, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+        zt, st = _softcap(tl.load(x_row + tgt, mask=(row + k < N) & ~bad, other=0.0), A, B, C)
+        loss += w * (log_s + (m - zt))
+        any_bad = any_bad | bad
+    loss = tl.where(any_bad, float("nan"), loss)
+    tl.store(losses_ptr + row, loss)
+    tl.store(stats_ptr + row, m)
+    tl.store(stats_ptr + N + row, sumexp)
+
+
+@triton.jit
+def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
+                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of dx = (g W p - g sum_k w_k [v == t_k]) * (A/C) s (1 - s), with coef = g W."""
+    c = start + cols
+    if MASKED:
+        msk = c < V
+        x = tl.load(x_row + c, mask=msk, other=0.0)
+    else:
+        x = tl.load(x_row + c)
+    z, s = _softcap(x, A, B, C)
+    p = tl.exp(z - m) * inv_s
+    # Target terms, compared per column (K is small; absent terms carry weight 0).
+    hit = tl.where(c == tgt0, w0, 0.0)
+    if K > 1:
+        hit += tl.where(c == tgt1, w1, 0.0)
+    if K > 2:
+        hit += tl.where(c == tgt2, w2, 0.0)
+    if K > 3:
+        hit += tl.where(c == tgt3, w3, 0.0)
+    dz = coef * p - g * hit
+    dx = (dz * (A_over_C * s * (1.0 - s))).to(dx_row.dtype.element_ty)
+    if MASKED:
+        tl.store(dx_row + c, dx, mask=msk)
+    else:
+        tl.store(dx_row + c, dx)
+
+
+@triton.jit
+def _ce_bwd_kernel(
+    # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
+    g_ptr, stride_g,
+    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
+    x_ptr, stride_xn, stats_ptr,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # output: dlogits (N, V) contiguous, logits' dtype
+    dx_ptr,
+    # sizes and softcap constants
+    N, V, A, B, C, A_over_C,
+    K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xn
+    dx_row = dx_ptr + row * V
+    m = tl.load(stats_ptr + row)
+    inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
+    g = tl.load(g_ptr + row * stride_g).to(tl.float32)
+    # Up to MAX_K terms as scalars (the launcher checks K), held in registers through the tile loop.
+    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
+    tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
+    if K > 1:
+        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
+        bad = bad | bad1
+    if K > 2:
+        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
+        bad = bad | bad2
+    if K > 3:
+        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
+        bad = bad | bad3
+    g = tl.where(bad, float("nan"), g)                     # poison the whole row, as the forward does
+    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
+    cols = tl.arange(0, BLOCK_V)
+    v_full = (V // BLOCK_V) * BLOCK_V
+    for off in range(0, v_full, BLOCK_V):
+        _ce_bwd_tile(x_row, dx_row, off, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
+                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, False)
+    if v_full < V:
+        _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
+                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------------------
+def _check_scalars(A, B, C):
+    for name, val in (("A", A), ("B", B), ("C", C)):
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+            raise TypeError(f"softcapped_cross_entropy: {name} must be a finite Python float, got {val!r}")
+    if C == 0:
+        raise ValueError("softcapped_cross_entropy: C must be nonzero")
+
+
+def _check_inputs(logits, targets, weights, A, B, C):
+    """Validate the shared arguments; returns (N, V, K)."""
+    for name, t in (("logits", logits), ("targets", targets), ("weights", weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"softcapped_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"softcapped_cross_entropy: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise TypeError(f"softcapped_cross_entropy: logits must be bfloat16 or float32, got {logits.dtype}")
+    N, V = logits.shape
+    if V == 0:
+        raise ValueError("softcapped_cross_entropy: logits must have at least one column (V >= 1)")
+    if V > 1 and logits.stride(1) != 1:
+        raise ValueError(f"softcapped_cross_entropy: logits must have unit column stride, got strides "
+                         f"{logits.stride()}")
+    if targets.dtype != torch.int64:
+        raise TypeError(f"softcapped_cross_entropy: targets must be int64, got {targets.dtype}")
+    if targets.shape != (N,):
+        raise ValueError(f"softcapped_cross_entropy: targets must have shape (N,) = ({N},), got "
+                         f"{tuple(targets.shape)}")
+    if weights.dtype != torch.float32:
+        raise TypeError(f"softcapped_cross_entropy: weights must be float32, got {weights.dtype}")
+    if weights.dim() != 1 or weights.numel() == 0:
+        raise ValueError(f"softcapped_cross_entropy: weights must be 1-D and non-empty (K,), got shape "
+                         f"{tuple(weights.shape)}")
+    for name, t in (("targets", targets), ("weights", weights)):
+        if t.numel() > 1 and t.stride(0) != 1:
+            raise ValueError(f"softcapped_cross_entropy: {name} must be contiguous, got stride {t.stride(0)}")
+    K = weights.shape[0]
+    if K > MAX_K:
+        raise ValueError(f"softcapped_cross_entropy: at most {MAX_K} weights are supported, got K={K}")
+    check_kernel_device("softcapped_cross_entropy", logits.device)
+    for name, t in (("targets", targets), ("weights", weights)):
+        if t.device != logits.device:
+            raise ValueError(f"softcapped_cross_entropy: {name} is on {t.device} but logits is on {logits.device}")
+    _check_scalars(A, B, C)
+    return N, V, K
+
+
+def _check_out(name, t, shape, dtype, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"softcapped_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device or not t.is_contiguous():
+        raise ValueError(f"softcapped_cross_entropy: {name} must be a contiguous {dtype} tensor of shape "
+                         f"{tuple(shape)} on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def _config(logits, config):
+    if config is not None:
+        return config
+    if logits.device.type == "cpu":
+        return INTERPRETER_CONFIG
+    return DEFAULT_CONFIG[logits.dtype]
+
+
+def softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C, losses=None, stats=None, config=None):
+    """(losses, stats): losses (N,) fp32 and stats (2, N) fp32 (row max of z, sum of exp(z - max)), which the
+    backward needs. ``losses``/``stats``: optional preallocated outputs; ``config``: a
+    dict(BLOCK_V=..., num_warps=...) overriding the per-dtype default (BLOCK_V a power of two)."""
+    N, V, K = _check_inputs(logits, targets, weights, A, B, C)
+    dev = logits.device
+    if losses is None:
+        losses = torch.empty(N, dtype=torch.float32, device=dev)
+    if stats is None:
+        stats = torch.empty((2, N), dtype=torch.float32, device=dev)
+    _check_out("losses", losses, (N,), torch.float32, dev)
+    _check_out("stats", stats, (2, N), torch.float32, dev)
+    for name, t in (("losses", losses), ("stats", stats)):
+        if overlaps(t, logits) or overlaps(t, weights) or overlaps(t, targets):
+            raise ValueError(f"softcapped_cross_entropy: {name} must not overlap the inputs in memory")
+    if overlaps(losses, stats):
+        raise ValueError("softcapped_cross_entropy: losses and stats must not overlap in memory")
+    if N == 0:
+        return losses, stats
+    cfg = _config(logits, config)
+    _ce_fwd_kernel[(N,)](
+        logits, logits.stride(0), targets, weights, losses, stats,
+        N, V, float(A), float(B), float(C),
+        K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
+    return losses, stats
+
+
+def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C, out=None, config=None):
+    """dlogits (N, V) in logits' dtype, from the incoming gradient ``grad`` (N,) of the losses and the
+    forward's ``stats``. ``out``: optional preallocated contiguous output."""
+    N, V, K = _check_inputs(logits, targets, weights, A, B, C)
+    dev = logits.device
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softcapped_cross_entropy: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != (N,) or grad.dtype != torch.float32 or grad.device != dev:
+        raise ValueError(f"softcapped_cross_entropy: grad must be a float32 tensor of shape ({N},) on {dev}, got "
+                         f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
+    _check_out("stats", stats, (2, N), torch.float32, dev)
+    if out is None:
+        out = torch.empty((N, V), dtype=logits.dtype, device=dev)
+    _check_out("out", out, (N, V), logits.dtype, dev)
+    for name, t in (("grad", grad), ("logits", logits), ("stats", stats), ("targets", targets), ("weights", weights)):
+        if overlaps(out, t):
+            raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
+    if N == 0:
+        return out
+    cfg = _config(logits, config)
+    _ce_bwd_kernel[(N,)](
+        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out,
+        N, V, float(A), float(B), float(C), float(A) / C,
+        K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd (custom ops, traceable by torch.compile)
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("speedrun::softcapped_ce_fwd", mutates_args=())
+def _ce_fwd_op(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+               A: float, B: float, C: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    return softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
+
+
+@_ce_fwd_op.register_fake
+def _(logits, targets, weights, A, B, C):
+    n = logits.shape[0]
+    return logits.new_empty((n,), dtype=torch.float32), logits.new_empty((2, n), dtype=torch.float32)
+
+
+@torch.library.custom_op("speedrun::softcapped_ce_bwd", mutates_args=())
+def _ce_bwd_op(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
+               weights: torch.Tensor, A: float, B: float, C: float) -> torch.Tensor:
+    return softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C)
+
+
+@_ce_bwd_op.register_fake
+def _(grad, logits, stats, targets, weights, A, B, C):
+    return logits.new_empty(tuple(logits.shape))
+
+
+def _ce_setup_context(ctx, inputs, output):
+    logits, targets, weights, A, B, C = inputs
+    ctx.save_for_backward(logits, output[1], targets, weights)
+    ctx.abc = (A, B, C)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _ce_backward_rule(ctx, grad_losses, grad_stats):
+    # stats is an internal output marked non-differentiable: grad_stats is None or zeros and is ignored.
+    logits, stats, targets, weights = ctx.saved_tensors
+    dlogits = None
+    if ctx.needs_input_grad[0]:
+        dlogits = _ce_bwd_op(grad_losses.float(), logits, stats, targets, weights, *ctx.abc)
+    return dlogits, None, None, None, None, None
+
+
+torch.library.register_autograd("speedrun::softcapped_ce_fwd", _ce_backward_rule, setup_context=_ce_setup_context)
+
+
+def softcapped_cross_entropy(logits, targets, weights, A, B, C):
+    """Per-row losses (N,) fp32 of the module docstring, differentiable in ``logits`` (fused backward)."""
+    if isinstance(targets, torch.Tensor) and isinstance(weights, torch.Tensor):
+        targets, weights = targets.contiguous(), weights.contiguous()   # (N,) and (K,): cheap copies if any
+    _check_inputs(logits, targets, weights, A, B, C)
+    return _ce_fwd_op(logits, targets, weights, float(A), float(B), float(C))[0]

@@ -1,0 +1,340 @@
+"""Tests of kernels/cross_entropy.py: fused soft-capped multi-token cross entropy, forward and backward.
+
+The specification is written again here in float64 (``spec_losses``), as a weighted target matrix rather than
+the module's loop over k, and its gradient comes from float64 autograd. Kernel results are judged with rule 1
+of tests/tolerances.py against plain PyTorch computing the same thing in fp32 (or from the same bf16 inputs).
+Without a GPU the kernels run in Triton's interpreter: fp32 and small V, with a 32-column tile so that V=64
+takes only the unmasked full-tile path, V=77 full tiles plus the masked tail, and V=20 the tail alone.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.cross_entropy import (softcapped_cross_entropy, softcapped_cross_entropy_bwd,
+                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
+from tests.tolerances import assert_all_written, assert_matches_torch, shifted_randn
+
+HAS_CUDA = torch.cuda.is_available()
+gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="bf16, the speedrun vocabulary and torch.compile(inductor) "
+                                                   "need a CUDA GPU (too slow in the Triton interpreter)")
+
+SOFTCAP = (23.0, 5.0, 7.5)                   # (A, B, C) as train_gpt.py uses them
+SMALL_TILE = dict(BLOCK_V=32, num_warps=4)   # CPU: V=64 aligned, V=77 masked tail, V=20 tail only
+WEIGHTS = {1: [1.0], 3: [1.0, 0.5, 0.25], 4: [1.0, 0.5, 0.25, 0.125]}
+
+
+# ------------------------------------------------------------------------------------------ specification
+def spec_losses(x, targets, weights, A, B, C):
+    """Float64 losses (N,): loss_t = W_t * lse_t - sum_v M[t, v] z[t, v], with the weighted target matrix
+    M[t, v] = sum_k w_k [t + k < N] [targets[t + k] == v] and W_t = sum_v M[t, v]."""
+    x = x.to(torch.float64)
+    N, V = x.shape
+    z = A / (1.0 + torch.exp(-(x + B) / C))
+    lse = torch.log(torch.exp(z).sum(dim=1))          # z < A = 23: exp cannot overflow in float64
+    M = torch.zeros(N, V, dtype=torch.float64, device=x.device)
+    for k, w in enumerate(weights.tolist()):
+        rows = torch.arange(max(N - k, 0), device=x.device)
+        M.index_put_((rows, targets[k:]), torch.full_like(rows, w, dtype=torch.float64), accumulate=True)
+    return M.sum(dim=1) * lse - (M * z).sum(dim=1)
+
+
+def spec_grad(x, targets, weights, grad, A, B, C):
+    x64 = x.detach().to(torch.float64).requires_grad_()
+    spec_losses(x64, targets, weights, A, B, C).backward(grad.to(torch.float64))
+    return x64.grad
+
+
+def torch_lowp(x, targets, weights, A, B, C):
+    """Plain PyTorch in fp32 from the same inputs (the rule-1 yardstick): softcap, then F.cross_entropy per k."""
+    xf = x.detach().float().requires_grad_()
+    z = A * torch.sigmoid((xf + B) / C)
+    N = x.shape[0]
+    losses = torch.zeros(N, dtype=torch.float32, device=x.device)
+    for k, w in enumerate(weights.tolist()):
+        losses = losses + F.pad(w * F.cross_entropy(z[:N - k], targets[k:], reduction="none"), (0, k))
+    return xf, losses
+
+
+def make_inputs(N, V, K, dtype=torch.float32, device="cpu", seed=0, row_stride=None):
+    gen = torch.Generator().manual_seed(seed)
+    base = shifted_randn(N, row_stride or V, dtype=dtype, device=device, generator=gen, mean=-2.3, std=4.0)
+    x = base[:, :V]
+    targets = torch.randint(0, V, (N,), generator=gen)
+    if N >= 3:
+        targets[0], targets[1], targets[2] = 0, V - 1, targets[1]     # both ends of the vocabulary, a repeat
+    weights = torch.tensor(WEIGHTS[K], dtype=torch.float32)
+    return x, targets.to(device), weights.to(device)
+
+
+def run_fused(x, targets, weights, grad, config=None):
+    """Forward and backward through the launchers into NaN-prefilled outputs; checks every element written."""
+    N, V = x.shape
+    losses = torch.full((N,), float("nan"), device=x.device)
+    stats = torch.full((2, N), float("nan"), device=x.device)
+    softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP, losses=losses, stats=stats, config=config)
+    dx = torch.full((N, V), float("nan"), dtype=x.dtype, device=x.device)
+    softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP, out=dx, config=config)
+    for name, t in (("losses", losses), ("stats", stats), ("dlogits", dx)):
+        assert_all_written(t, name)
+    return losses, stats, dx
+
+
+def check_against_spec(x, targets, weights, losses, stats, dx, grad):
+    A, B, C = SOFTCAP
+    expect = spec_losses(x, targets, weights, A, B, C)
+    xf, lowp = torch_lowp(x, targets, weights, A, B, C)
+    assert_matches_torch(losses, expect, lowp.detach(), name="losses")
+    z64 = A * torch.sigmoid((x.double() + B) / C)
+    z32 = A * torch.sigmoid((x.float() + B) / C)
+    m64, m32 = z64.max(1, keepdim=True).values, z32.max(1, keepdim=True).values
+    assert_matches_torch(stats[0], m64[:, 0], m32[:, 0], name="row max of z")
+    assert_matches_torch(stats[1], torch.exp(z64 - m64).sum(1), torch.exp(z32 - m32).sum(1), name="sum exp(z - max)")
+    lowp.backward(grad)
+    assert_matches_torch(dx, spec_grad(x, targets, weights, grad, A, B, C), xf.grad.to(dx.dtype), name="dlogits")
+
+
+# ------------------------------------------------------------------------------------------ values (CPU)
+@pytest.mark.parametrize("K", [1, 3, 4])
+@pytest.mark.parametrize("V", [64, 77, 20], ids=["aligned", "tail", "tail_only"])
+def test_matches_spec_fp32(V, K, device):
+    N = 13
+    x, targets, weights = make_inputs(N, V, K, device=device)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    losses, stats, dx = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    check_against_spec(x, targets, weights, losses, stats, dx, grad)
+
+
+def test_first_weight_only_is_plain_cross_entropy(device):
+    """weights [1, 0, 0]: the k = 0 term alone, i.e. F.cross_entropy of the soft-capped logits."""
+    N, V = 13, 77
+    x, targets, _ = make_inputs(N, V, 3, device=device, seed=1)
+    weights = torch.tensor([1.0, 0.0, 0.0], device=device)
+    A, B, C = SOFTCAP
+    x64 = x.double().requires_grad_()
+    expect = F.cross_entropy(A * torch.sigmoid((x64 + B) / C), targets, reduction="none")
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    losses, stats, dx = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    expect.backward(grad.double())
+    xf, lowp = torch_lowp(x, targets, weights, A, B, C)
+    lowp.backward(grad)
+    assert_matches_torch(losses, expect.detach(), lowp.detach(), name="losses")
+    assert_matches_torch(dx, x64.grad, xf.grad, name="dlogits")
+
+
+def test_rows_without_weighted_terms_are_zero(device):
+    """weights [0, 1, 1]: the last row has only its k = 0 term, of weight 0: loss and gradient exactly 0."""
+    N, V = 9, 77
+    x, targets, _ = make_inputs(N, V, 3, device=device, seed=2)
+    weights = torch.tensor([0.0, 1.0, 1.0], device=device)
+    grad = torch.ones(N, device=device)
+    losses, stats, dx = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    assert losses[-1].item() == 0.0
+    assert torch.count_nonzero(dx[-1]).item() == 0
+    check_against_spec(x, targets, weights, losses, stats, dx, grad)
+
+
+def test_more_weights_than_rows(device):
+    """K = 3 with N = 2: row 0 has two terms, row 1 one; nothing is read past the end of targets."""
+    x, targets, weights = make_inputs(2, 77, 3, device=device, seed=3)
+    grad = torch.tensor([1.0, -0.5], device=device)
+    check_against_spec(x, targets, weights, *run_fused(x, targets, weights, grad, config=SMALL_TILE), grad)
+
+
+def test_no_rows(device):
+    x = torch.empty(0, 20, device=device)
+    targets, weights = torch.empty(0, dtype=torch.int64, device=device), torch.ones(3, device=device)
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    assert losses.shape == (0,) and stats.shape == (2, 0)
+    assert softcapped_cross_entropy_bwd(losses, x, stats, targets, weights, *SOFTCAP).shape == (0, 20)
+
+
+def test_strided_logits_and_broadcast_grad(device):
+    """Logits as a column slice of a wider buffer (row stride 97 > V) and an incoming gradient of stride 0
+    (what .sum().backward() passes) give the results of the contiguous copy."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, row_stride=97)
+    assert x.stride() == (97, 1)
+    grad = torch.ones((), device=device).expand(N)
+    assert grad.stride() == (0,)
+    got = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    want = run_fused(x.contiguous(), targets, weights, grad.contiguous(), config=SMALL_TILE)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    check_against_spec(x, targets, weights, *got, grad.contiguous())
+
+
+def test_out_of_range_targets_poison_their_rows(device):
+    """A target outside [0, V) makes NaN the loss and gradient of every row that reads it; other rows exact."""
+    N, V = 7, 20
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=4)
+    good = run_fused(x, targets, weights, torch.ones(N, device=device), config=SMALL_TILE)
+    bad_targets = targets.clone()
+    bad_targets[4] = V                              # read by rows 4 (k=0), 3 (k=1), 2 (k=2)
+    bad_targets[0] = -1                             # read by row 0 only
+    losses, stats = softcapped_cross_entropy_fwd(x, bad_targets, weights, *SOFTCAP, config=SMALL_TILE)
+    dx = softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, bad_targets, weights, *SOFTCAP,
+                                      config=SMALL_TILE)
+    poisoned = torch.tensor([0, 2, 3, 4])
+    clean = torch.tensor([1, 5, 6])
+    assert torch.isnan(losses[poisoned]).all() and torch.isnan(dx[poisoned]).all()
+    assert torch.equal(losses[clean], good[0][clean]) and torch.equal(dx[clean], good[2][clean])
+    assert torch.equal(stats, good[1])
+
+
+def test_weights_are_runtime_values(device):
+    """New weight values on the same compiled kernel give the new result (nothing cached from the first)."""
+    N, V = 13, 77
+    x, targets, w1 = make_inputs(N, V, 3, device=device)
+    w2 = torch.tensor([0.3, 2.0, -1.0], device=device)
+    l1, _ = softcapped_cross_entropy_fwd(x, targets, w1, *SOFTCAP, config=SMALL_TILE)
+    l2, _ = softcapped_cross_entropy_fwd(x, targets, w2, *SOFTCAP, config=SMALL_TILE)
+    xf, lowp = torch_lowp(x, targets, w2, *SOFTCAP)
+    assert_matches_torch(l2, spec_losses(x, targets, w2, *SOFTCAP), lowp.detach(), name="losses")
+    assert not torch.equal(l1, l2)
+
+
+def test_reference_matches_spec(device):
+    """The module's plain-PyTorch reference (the trainer's CPU path) against the spec, value and gradient."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    x64 = x.double().requires_grad_()
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0).double()
+    got = softcapped_cross_entropy_ref(x64, targets, weights, *SOFTCAP)
+    assert got.dtype == torch.float64
+    expect = spec_losses(x, targets, weights, *SOFTCAP)
+    torch.testing.assert_close(got.detach(), expect, rtol=1e-12, atol=1e-12)
+    got.backward(grad)
+    torch.testing.assert_close(x64.grad, spec_grad(x, targets, weights, grad, *SOFTCAP), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ autograd, op
+def test_autograd_function(device):
+    """softcapped_cross_entropy: losses from the forward launcher, .grad from the backward launcher."""
+    N, V = 13, 20        # V below the interpreter's default tile: the masked path with the default config
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    xg = x.clone().requires_grad_()
+    losses = softcapped_cross_entropy(xg, targets, weights, 23, 5, 7.5)
+    want, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    assert torch.equal(losses, want)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    losses.backward(grad)
+    assert torch.equal(xg.grad, softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP))
+
+
+def test_custom_op_opcheck(device):
+    """Schema, fake (meta) implementation and autograd registration of the custom ops."""
+    N, V = 5, 20
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    fwd_args = (x.clone().requires_grad_(), targets, weights, *SOFTCAP)
+    torch.library.opcheck(torch.ops.speedrun.softcapped_ce_fwd.default, fwd_args)
+    _, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    bwd_args = (torch.ones(N, device=device), x, stats, targets, weights, *SOFTCAP)
+    torch.library.opcheck(torch.ops.speedrun.softcapped_ce_bwd.default, bwd_args)
+
+
+def check_compiled(backend, x, targets, weights):
+    """torch.compile(fullgraph=True) around a function calling the op: same losses and gradient as the
+    launchers, bit for bit (per-row losses are returned unreduced, so no compiled reduction order enters)."""
+    torch._dynamo.reset()
+    kwargs = {} if backend is None else dict(backend=backend)
+    fn = torch.compile(lambda x, t, w: softcapped_cross_entropy(x * 1.0, t, w, *SOFTCAP), fullgraph=True, **kwargs)
+    xg = x.clone().requires_grad_()
+    got = fn(xg, targets, weights)
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    assert torch.equal(got, losses)
+    grad = shifted_randn(x.shape[0], device=x.device, mean=0.3, std=1.0)
+    got.backward(grad)
+    assert torch.equal(xg.grad, softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP))
+    return fn
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiles_fullgraph_cpu_backends(backend, device):
+    """fullgraph=True: the ops trace without graph breaks; aot_eager also runs their fake implementations."""
+    check_compiled(backend, *make_inputs(13, 20, 3, device=device))
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_input_errors(device):
+    N, V = 4, 10
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    call = softcapped_cross_entropy_fwd
+    with pytest.raises(ValueError, match="logits must be 2-D"):
+        call(x.reshape(-1), targets, weights, *SOFTCAP)
+    with pytest.raises(TypeError, match="logits must be bfloat16 or float32"):
+        call(x.half(), targets, weights, *SOFTCAP)
+    with pytest.raises(ValueError, match="unit column stride"):
+        call(x.t().contiguous().t(), targets, weights, *SOFTCAP)
+    with pytest.raises(ValueError, match="at least one column"):
+        call(x[:, :0], targets, weights, *SOFTCAP)
+    with pytest.raises(TypeError, match="targets must be int64"):
+        call(x, targets.int(), weights, *SOFTCAP)
+    with pytest.raises(ValueError, match=r"targets must have shape \(N,\) = \(4,\)"):
+        call(x, targets[:3], weights, *SOFTCAP)
+    with pytest.raises(ValueError, match="targets must be contiguous, got stride 2"):
+        call(x, torch.zeros(2 * N, dtype=torch.int64, device=device)[::2], weights, *SOFTCAP)
+    with pytest.raises(TypeError, match="weights must be float32"):
+        call(x, targets, weights.double(), *SOFTCAP)
+    with pytest.raises(ValueError, match="weights must be 1-D and non-empty"):
+        call(x, targets, weights[:0], *SOFTCAP)
+    with pytest.raises(ValueError, match="weights must be 1-D and non-empty"):
+        call(x, targets, weights.reshape(1, 3), *SOFTCAP)
+    with pytest.raises(ValueError, match="at most 4 weights"):
+        call(x, targets, torch.ones(5, device=device), *SOFTCAP)
+    with pytest.raises(TypeError, match="logits must be a torch.Tensor"):
+        call(x.tolist(), targets, weights, *SOFTCAP)
+    with pytest.raises(TypeError, match="C must be a finite Python float"):
+        call(x, targets, weights, 23.0, 5.0, float("nan"))
+    with pytest.raises(ValueError, match="C must be nonzero"):
+        call(x, targets, weights, 23.0, 5.0, 0.0)
+    with pytest.raises(ValueError, match="losses must be a contiguous torch.float32 tensor of shape"):
+        call(x, targets, weights, *SOFTCAP, losses=torch.empty(N + 1, device=device))
+    with pytest.raises(ValueError, match="losses must not overlap"):
+        call(x, targets, weights, *SOFTCAP, losses=x[0, :N])
+    _, stats = call(x, targets, weights, *SOFTCAP)
+    with pytest.raises(ValueError, match=r"grad must be a float32 tensor of shape \(4,\)"):
+        softcapped_cross_entropy_bwd(torch.ones(N + 1, device=device), x, stats, targets, weights, *SOFTCAP)
+    with pytest.raises(ValueError, match="out must not overlap logits"):
+        softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, targets, weights, *SOFTCAP, out=x)
+
+
+def test_device_errors():
+    x, targets, weights = make_inputs(4, 10, 3)
+    if HAS_CUDA:
+        with pytest.raises(ValueError, match="targets is on cpu but logits is on cuda"):
+            softcapped_cross_entropy_fwd(x.cuda(), targets, weights.cuda(), *SOFTCAP)
+    else:
+        with pytest.raises(ValueError, match="tensors must be on a CUDA device"):
+            softcapped_cross_entropy_fwd(x.to("meta"), targets.to("meta"), weights.to("meta"), *SOFTCAP)
+
+
+# ------------------------------------------------------------------------------------------ GPU only
+@gpu_only
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_matches_spec_speedrun_vocab(dtype, K, device):
+    """V = 50304 with the default per-dtype configuration (50304 is not a multiple of the tile: both paths);
+    V = 49152 (a multiple of every tile size) for the unmasked path alone; spec on a subset of rows."""
+    for N, V in ((67, 50304), (33, 49152)):
+        x, targets, weights = make_inputs(N, V, K, dtype=dtype, device=device)
+        grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+        losses, stats, dx = run_fused(x, targets, weights, grad)
+        check_against_spec(x, targets, weights, losses, stats, dx, grad)
+
+
+@gpu_only
+def test_speedrun_vocab_many_rows(device):
+    """4096 rows of the real vocabulary in bf16 (row offsets past 2^27 elements), mean-loss gradient."""
+    N, V = 4096, 50304
+    x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device)
+    grad = torch.full((N,), 1.0 / N, device=device)
+    check_against_spec(x, targets, weights, *run_fused(x, targets, weights, grad), grad)
+
+
+@gpu_only
+def test_compiles_fullgraph_inductor(device):
+    x, targets, weights = make_inputs(1024, 50304, 3, dtype=torch.bfloat16, device=device)
+    fn = check_compiled(None, x, targets, weights)
+    # new weight values: same compiled graph, new result
+    w2 = torch.tensor([1.0, 0.0, 0.0], device=device)
+    assert torch.equal(fn(x, targets, w2), softcapped_cross_entropy_fwd(x, targets, w2, *SOFTCAP)[0])
