@@ -2,7 +2,8 @@
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
-      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The"
+      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The" --temperature 0.8 --top-k 50
+      python train_gpt.py --hellaswag checkpoints/<run>/step_001510    (data: python data/hellaswag.py)
 
 Model (straight-line forward over parameter banks, see `forward`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
