@@ -1,6 +1,6 @@
 """HellaSwag validation set: download, verify, load, and render examples into GPT-2 tokens.
 
-    python data/hellaswag.py                 # -> data/hellaswag/hellaswag_val.jsonl (11 MB, 10,042 examples)
+    python data/hellaswag.py                 # -> data/hellaswag/hellaswag_val.jsonl (10,042 examples)
     python data/hellaswag.py --dir /scratch/hellaswag
 
 Source: ``data/hellaswag_val.jsonl`` of the dataset authors' repository github.com/rowanz/hellaswag, read from

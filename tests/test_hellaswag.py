@@ -25,7 +25,7 @@ import torch
 
 import train_gpt as tg
 from data import hellaswag as hs
-from data.shards import write_shard
+from test_train_gpt import _make_shard  # the smoke data: next = prev + 7..9 (mod 511), BOS 511
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -397,18 +397,6 @@ def test_next_token_rules():
 # End to end on a smoke run: --hellaswag-every, --hellaswag CHECKPOINT, --sample
 
 
-def _make_shard(path, n_tokens, seed):
-    """Documents following next = prev + 7..9 (mod 511), BOS 511 (the data of tests/test_train_gpt.py)."""
-    rng = np.random.default_rng(seed)
-    docs, total = [], 0
-    while total < n_tokens:
-        n = int(rng.integers(20, 300))
-        doc = np.cumsum(np.concatenate([[rng.integers(0, 511)], 7 + rng.integers(0, 3, size=n - 1)])) % 511
-        docs.append(np.concatenate([[511], doc]))
-        total += n + 1
-    write_shard(path, np.concatenate(docs)[:n_tokens].astype(np.uint16))
-
-
 @pytest.fixture
 def number_tokenizer(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
@@ -456,7 +444,7 @@ def test_hellaswag_every_logs_outside_the_clock(smoke_run):
     assert abs(train_ms - (2 * avg[0] + 2 * avg[1] + avg[2])) < 1000 * EVAL_SLEEP_S, (train_ms, avg)
 
 
-def _reference_scores(hp, params, fns):
+def _reference_scores(hp, params, fns, device):
     """Every candidate scored alone (its own sequence [BOS] + ctx + ending, through trunk and head_logits),
     log-softmax and sums in float64: (sums, token counts), (8, 4) arrays, and the labels."""
     sums, counts, labels = np.zeros((8, 4)), np.zeros((8, 4)), []
@@ -466,7 +454,7 @@ def _reference_scores(hp, params, fns):
         for j, end in enumerate(ends):
             ids = [hp.bos_id] + ctx + end
             T = -(-len(ids) // tg.BLOCK) * tg.BLOCK
-            x = torch.tensor(ids + [hp.bos_id] * (T - len(ids)), dtype=torch.int32)
+            x = torch.tensor(ids + [hp.bos_id] * (T - len(ids)), dtype=torch.int32, device=device)
             with torch.no_grad():
                 h = tg.trunk(hp, params, fns, x, None, hp.stages[-1].windows, {})
                 logp = torch.log_softmax(tg.head_logits(h, params["lm_head"], hp.softcap).double(), -1)
@@ -475,11 +463,13 @@ def _reference_scores(hp, params, fns):
     return sums, counts, np.array(labels)
 
 
-def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_tokenizer, capsys):
-    """--hellaswag on the smoke checkpoint: the accuracies printed and saved are those of the reference."""
+def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_tokenizer, capsys, device):
+    """--hellaswag on the smoke checkpoint (bf16, on the test device): the accuracies printed and saved are
+    those of the reference computed one candidate at a time on the same device."""
     _, ckpt = smoke_run
     res = tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "8"])
-    sums, counts, labels = _reference_scores(*tg.load_model(ckpt, tg.Dist()))
+    dev = torch.device(device)
+    sums, counts, labels = _reference_scores(*tg.load_model(ckpt, tg.Dist(device=dev)), dev)
     right, right_norm = (sums.argmax(1) == labels).sum(), ((sums / counts).argmax(1) == labels).sum()
     assert res["examples"] == 8 and (res["acc"], res["acc_norm"]) == (right / 8, right_norm / 8)
     line = f"hellaswag acc: {right / 8:.4f} acc_norm: {right_norm / 8:.4f} (8 examples)"
@@ -490,20 +480,21 @@ def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_
         "examples"] == 3
 
 
-def test_packed_scores_match_one_candidate_at_a_time(smoke_run):
+def test_packed_scores_match_one_candidate_at_a_time(smoke_run, device):
     """The smoke checkpoint in fp32 (so packing's other positions change only fp32 rounding): the packed
     sums equal the one-candidate-at-a-time sums to 1e-3 nats (4-token endings sum to about -20 here and
     differ by up to ~4 nats; a wrong row or target moves a sum by tenths of a nat or more)."""
     _, ckpt = smoke_run
-    hp, params, fns = tg.load_model(ckpt, tg.Dist())
+    dev = torch.device(device)
+    hp, params, fns = tg.load_model(ckpt, tg.Dist(device=dev))
     hp = tg.dataclasses.replace(hp, param_dtype="float32", hellaswag_file=str(NUMBERS))
     params = {k: v.float() for k, v in params.items()}
-    ref_s, ref_c, _ = _reference_scores(hp, params, fns)
-    h = tg.HellaSwag(hp, tg.Dist(), NumberEncoding())
+    ref_s, ref_c, _ = _reference_scores(hp, params, fns, dev)
+    h = tg.HellaSwag(hp, tg.Dist(device=dev), NumberEncoding())
     assert len(h.packs) == 1
-    total, count = tg.hellaswag_scores(hp, params, fns, h.packs, 8, torch.device("cpu"), {})
-    np.testing.assert_allclose(total.numpy(), ref_s, rtol=0, atol=1e-3)
-    assert np.array_equal(count.numpy(), ref_c) and np.ptp(ref_s) > 1, "scores too alike to tell bugs apart"
+    total, count = tg.hellaswag_scores(hp, params, fns, h.packs, 8, dev, {})
+    np.testing.assert_allclose(total.cpu().numpy(), ref_s, rtol=0, atol=1e-3)
+    assert np.array_equal(count.cpu().numpy(), ref_c) and np.ptp(ref_s) > 1, "scores too alike to tell bugs apart"
 
 
 def _sample(ckpt, *extra):
