@@ -1305,8 +1305,7 @@ class HellaSwag:
 
     def __init__(self, hp, d, encoding=None):
         examples = load_examples(hp.hellaswag_file, hp.hellaswag_limit)
-        self.n_total = len(examples)
-        enc = encoding or load_gpt2()
+        enc = encoding or load_gpt2()  # tests pass a stand-in tokenizer
         rendered = [render(ex, enc.encode_ordinary) for ex in examples[d.rank::d.world]]
         top = max((max(ctx + sum(ends, [])) for ctx, ends, _ in rendered), default=0)
         if top >= real_vocab(hp):
@@ -1341,12 +1340,12 @@ def load_model(path, d):
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
-def evaluate_hellaswag(args, d, encoding=None):
+def evaluate_hellaswag(args, d):
     """--hellaswag CHECKPOINT: accuracy of the checkpoint's model; printed and written next to it."""
     hp, params, fns = load_model(args.hellaswag, d)
     over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
     hp = dataclasses.replace(hp, **over)
-    res = HellaSwag(hp, d, encoding).evaluate(hp, params, fns, {})
+    res = HellaSwag(hp, d).evaluate(hp, params, fns, {})
     res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
             "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token"}
     if d.rank == 0:
@@ -1373,11 +1372,11 @@ def next_token(logits, temperature, top_k, generator):
     return int(keep[torch.multinomial(probs, 1, generator=generator)])
 
 
-def sample(args, d, encoding=None):
+def sample(args, d):
     """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
     sequence), drawn with --temperature / --top-k from a generator seeded with --seed."""
     hp, params, fns = load_model(args.sample, d)
-    enc = encoding or load_gpt2()
+    enc = load_gpt2()
     prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
     g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
     rot_cache, texts = {}, []
