@@ -2,7 +2,8 @@
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
-      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The"
+      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The" --temperature 0.8 --top-k 50
+      python train_gpt.py --hellaswag checkpoints/<run>/step_001510    (data: python data/hellaswag.py)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
@@ -72,6 +73,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from data.hellaswag import HellaSwagError, load_examples, render
+from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
 from kernels.adam import fused_adamw_step
 from kernels.embedding import embedding, prepare_ids
@@ -137,6 +140,9 @@ class Hyperparameters:
     val_every: int = 250  # steps between validations (0: only at the end)
     save_every: int = 0  # steps between checkpoints (0: only at the end)
     log_train_loss: bool = False  # add train_loss to step lines (a host sync per step)
+    hellaswag_every: int = 0  # steps between HellaSwag evaluations in training, clock stopped (0: none)
+    hellaswag_file: str = "data/hellaswag/hellaswag_val.jsonl"  # HellaSwag jsonl (python data/hellaswag.py)
+    hellaswag_limit: int = 0  # evaluate only the first N HellaSwag examples (0: all)
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
@@ -1047,6 +1053,9 @@ class Trainer:
         self.val_tokens = load_shard(val_files[0], mmap=True)
         self.val_micro = val_plan(hp, len(self.val_tokens))
         self.rot_cache = {}
+        # --hellaswag-every: examples rendered and packed once; eager model pieces (their own shapes)
+        self.hellaswag = HellaSwag(hp, d) if hp.hellaswag_every > 0 else None
+        self.eval_fns = build_fns(hp, d.device, compile_model=False) if hp.compile else self.fns
 
     def reset(self):
         """Back to the freshly initialised state (after the compile warmup)."""
@@ -1101,6 +1110,10 @@ def warmup(trainer):
     trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": starts[-1]})
     trainer.train_step(starts[-1], want_loss=False)
     trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
+    if trainer.hellaswag is not None:  # flex_attention compiles for the packed HellaSwag shape here
+        hs = trainer.hellaswag
+        hellaswag_scores(hp, trainer.params, trainer.eval_fns, hs.packs[:1], len(hs.labels), trainer.d.device,
+                         trainer.rot_cache)
     trainer.loader.close()
     trainer.reset()
     if trainer.d.device.type == "cuda":
@@ -1180,6 +1193,16 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
                 f"step_avg:{train_ms / max(step, 1):.2f}ms")
             sync()
             t0 = time.perf_counter()
+        if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
+            if cuda:
+                torch.cuda.synchronize()
+            train_ms += 1000 * (time.perf_counter() - t0)
+            res = trainer.hellaswag.evaluate(hp, trainer.params, trainer.eval_fns, trainer.rot_cache,
+                                             windows_at(hp, min(step, T_total - 1)))
+            log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
         if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
@@ -1245,30 +1268,178 @@ def run_training(hp, args, d):
 
 
 # -----------------------------------------------------------------------------
-# Sampling
+# Evaluation: one model call for scoring and sampling (sequence_logits), HellaSwag accuracy
+
+GPT2_VOCAB = 50257  # ids >= this are vocabulary padding: never scored or sampled
+HELLASWAG_PACK_TOKENS = 4096  # examples are packed into sequences of up to this many tokens (one shape)
+
+
+def real_vocab(hp):
+    """Ids a model can emit: GPT-2's 50257, or the whole (smaller) vocabulary of a test model."""
+    return min(hp.vocab_size, GPT2_VOCAB)
 
 
 @torch.no_grad()
-def sample(args, d):
-    import tiktoken
-    path = Path(args.sample)
+def sequence_logits(hp, params, fns, ids, rot_cache, rows=None, windows=None):
+    """Next-token logits of one 1-D id sequence: the model's only entry point for evaluation and sampling.
+
+    ids (n,) int32 on the device: one or more documents, each starting with hp.bos_id (the attention mask
+    keeps them apart, like the packed documents of training). The sequence is padded on the right with BOS
+    to a multiple of BLOCK (the model is causal: padding cannot change the logits of earlier positions).
+    Returns (len(rows), real_vocab(hp)) fp32 logits at the positions ``rows`` (default: all n), the padded
+    vocabulary columns dropped. windows: (short, long) attention windows in blocks, default the last stage's.
+    """
+    n = ids.numel()
+    T = -(-n // BLOCK) * BLOCK
+    x = torch.cat([ids, ids.new_full((T - n,), hp.bos_id)])
+    h = trunk(hp, params, fns, x, None, windows or hp.stages[-1].windows, rot_cache)
+    h = h[:n] if rows is None else h[rows]
+    return fns.logits(h, params["lm_head"])[:, :real_vocab(hp)].float()
+
+
+@dataclass
+class EvalPack:
+    """Several HellaSwag examples as one sequence: every candidate is a document [BOS] + context + ending."""
+    ids: torch.Tensor  # (T,) int32, padded with BOS to the common length
+    rows: torch.Tensor  # (R,) int64 positions whose logits predict an ending token
+    targets: torch.Tensor  # (R,) int64 the ending token each row predicts
+    cands: torch.Tensor  # (R,) int64 candidate of each row: 4 * (example index in the rank's list) + ending
+
+
+def pack_hellaswag(rendered, bos_id, pack_tokens=HELLASWAG_PACK_TOKENS):
+    """Pack rendered examples [(ctx ids, [4 ending ids], label)] greedily, whole examples only, into
+    sequences of at most pack_tokens (an example longer than that gets a sequence of its own), all padded
+    with BOS to one length, a multiple of BLOCK (one compiled attention shape)."""
+    packs, cur = [], None
+    for e, (ctx, endings, _) in enumerate(rendered):
+        size = sum(1 + len(ctx) + len(end) for end in endings)
+        if cur is None or (cur[0] and len(cur[0]) + size > pack_tokens):
+            cur = ([], [], [], [])
+            packs.append(cur)
+        ids, rows, targets, cands = cur
+        for j, end in enumerate(endings):
+            start = len(ids) + 1 + len(ctx)  # position of the ending's first token
+            ids += [bos_id, *ctx, *end]
+            rows += range(start - 1, start - 1 + len(end))
+            targets += end
+            cands += [4 * e + j] * len(end)
+    T = max((-(-len(p[0]) // BLOCK) * BLOCK for p in packs), default=BLOCK)
+    return [EvalPack(torch.tensor(ids + [bos_id] * (T - len(ids)), dtype=torch.int32), torch.tensor(rows),
+                     torch.tensor(targets), torch.tensor(cands)) for ids, rows, targets, cands in packs]
+
+
+def hellaswag_scores(hp, params, fns, packs, n_examples, device, rot_cache, windows=None):
+    """(sum, count), float64 (n_examples, 4): per ending, its log-likelihood sum_j log p(e_j | ctx, e_<j)
+    (fp32 log-softmax, summed in float64) and its number of tokens."""
+    total = torch.zeros(4 * n_examples, dtype=torch.float64, device=device)
+    count = torch.zeros(4 * n_examples, dtype=torch.float64, device=device)
+    for p in packs:
+        rows, targets, cands = (t.to(device) for t in (p.rows, p.targets, p.cands))
+        logp = sequence_logits(hp, params, fns, p.ids.to(device), rot_cache, rows, windows).log_softmax(-1)
+        total.index_add_(0, cands, logp.gather(1, targets[:, None])[:, 0].double())
+        count.index_add_(0, cands, torch.ones(len(cands), dtype=torch.float64, device=device))
+    return total.view(-1, 4), count.view(-1, 4)
+
+
+def hellaswag_predictions(total, count):
+    """(acc, acc_norm) predicted ending per example. acc: argmax of the summed log-likelihood. acc_norm:
+    argmax of the mean per-token log-likelihood (sum / number of ending tokens), the convention of
+    build-nanogpt's HellaSwag evaluation (lm-eval-harness divides by the ending's bytes instead). Ties go
+    to the lowest index."""
+    return total.argmax(1), (total / count).argmax(1)
+
+
+class HellaSwag:
+    """This rank's share of the examples (r, r + W, ...), rendered and packed once; ``evaluate`` scores them
+    and all-reduces the counts: (examples, correct acc, correct acc_norm) over all ranks."""
+
+    def __init__(self, hp, d, encoding=None):
+        examples = load_examples(hp.hellaswag_file, hp.hellaswag_limit)
+        enc = encoding or load_gpt2()  # tests pass a stand-in tokenizer
+        rendered = [render(ex, enc.encode_ordinary) for ex in examples[d.rank::d.world]]
+        top = max((max(ctx + sum(ends, [])) for ctx, ends, _ in rendered), default=0)
+        if top >= real_vocab(hp):
+            raise HellaSwagError(f"{hp.hellaswag_file}: the tokens reach id {top}, beyond the model's "
+                                 f"vocabulary of {real_vocab(hp)} ids")
+        self.labels = torch.tensor([label for _, _, label in rendered], dtype=torch.int64)
+        self.packs = pack_hellaswag(rendered, hp.bos_id)
+        self.d = d
+
+    def evaluate(self, hp, params, fns, rot_cache, windows=None):
+        """{"acc", "acc_norm", "examples"} over all ranks."""
+        labels = self.labels.to(self.d.device)
+        pred, pred_norm = hellaswag_predictions(*hellaswag_scores(hp, params, fns, self.packs, len(labels),
+                                                                  self.d.device, rot_cache, windows))
+        counts = torch.stack([torch.tensor(len(labels), device=self.d.device), (pred == labels).sum(),
+                              (pred_norm == labels).sum()]).to(torch.int64)
+        if self.d.world > 1:
+            dist.all_reduce(counts)
+        n_all, acc, acc_norm = counts.tolist()
+        return {"acc": acc / max(n_all, 1), "acc_norm": acc_norm / max(n_all, 1), "examples": n_all}
+
+
+def load_model(path, d):
+    """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
+    path = Path(path)
+    if not (path / "rank0.pt").is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (expected {path / 'rank0.pt'})")
     ck = torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
     hp = hyperparameters_from_dict(ck["hyperparameters"])
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
-    fns = build_fns(hp, d.device, compile_model=False)
-    enc = tiktoken.get_encoding("gpt2")
-    ids = [hp.bos_id] + enc.encode(args.prompt)
-    windows = hp.stages[-1].windows
-    rot_cache = {}
-    for _ in range(args.max_new_tokens):
-        T = -(-len(ids) // BLOCK) * BLOCK  # pad on the right: causal, so the padding does not change logits
-        x = torch.tensor(ids + [hp.bos_id] * (T - len(ids)), dtype=torch.int32, device=d.device)
-        h = trunk(hp, params, fns, x, None, windows, rot_cache)
-        logits = fns.logits(h[len(ids) - 1:len(ids)], params["lm_head"])[0, :50257]
-        ids.append(int(torch.argmax(logits)))
-    text = enc.decode(ids[1:])
-    print(text)
-    return text
+    # Eager pieces: evaluation runs a few shapes once (flex_attention alone is compiled on CUDA).
+    return hp, params, build_fns(hp, d.device, compile_model=False)
+
+
+def evaluate_hellaswag(args, d):
+    """--hellaswag CHECKPOINT: accuracy of the checkpoint's model; printed and written next to it."""
+    hp, params, fns = load_model(args.hellaswag, d)
+    over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
+    hp = dataclasses.replace(hp, **over)
+    res = HellaSwag(hp, d).evaluate(hp, params, fns, {})
+    res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
+            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token"}
+    if d.rank == 0:
+        print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
+        (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+# -----------------------------------------------------------------------------
+# Sampling
+
+
+def next_token(logits, temperature, top_k, generator):
+    """One token id from (V,) logits: argmax when temperature is 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k largest logits (0: all), using ``generator``
+    (a CPU torch.Generator: the draw is the same on every device). Ties rank the lower id first, so top_k=1
+    is the argmax."""
+    logits = logits.detach().double().cpu()
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    order = torch.argsort(logits, descending=True, stable=True)
+    keep = order[:top_k] if top_k > 0 else order
+    probs = torch.softmax(logits[keep] / temperature, 0)
+    return int(keep[torch.multinomial(probs, 1, generator=generator)])
+
+
+def sample(args, d):
+    """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
+    sequence), drawn with --temperature / --top-k from a generator seeded with --seed."""
+    hp, params, fns = load_model(args.sample, d)
+    enc = load_gpt2()
+    prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
+    g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
+    rot_cache, texts = {}, []
+    for i in range(args.num_samples):
+        ids = list(prompt)
+        for _ in range(args.max_new_tokens):
+            x = torch.tensor(ids, dtype=torch.int32, device=d.device)
+            logits = sequence_logits(hp, params, fns, x, rot_cache, rows=[len(ids) - 1])[0]
+            ids.append(next_token(logits, args.temperature, args.top_k, g))
+        texts.append(enc.decode(ids[1:]))
+        if d.rank == 0:
+            print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
+    return texts
 
 
 # -----------------------------------------------------------------------------
@@ -1326,6 +1497,20 @@ def add_hyperparameter_flags(p):
         g.add_argument(*names, **kw)
 
 
+def _at_least(lo, kind):
+    """argparse type: a number of ``kind`` >= lo (a bad value is one usage error, exit code 2)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value >= lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
@@ -1336,9 +1521,15 @@ def parse_args(argv):
     p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from, same world size")
     p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
     p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (implies --no-compile)")
-    p.add_argument("--sample", help="checkpoint folder: print text generated from it")
+    p.add_argument("--hellaswag", metavar="CHECKPOINT",
+                   help="checkpoint folder: print its HellaSwag accuracy and write hellaswag.json there")
+    p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
     p.add_argument("--prompt", default="The")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=_at_least(0, float), default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-k", type=_at_least(0, int), default=0, help="sample among the K most likely tokens (0: all)")
+    p.add_argument("--num-samples", type=_at_least(1, int), default=1,
+                   help="continuations to print, drawn one after another from one generator seeded by --seed")
     p.add_argument("--log-dir", default="logs")
     return p.parse_args(argv)
 
@@ -1365,6 +1556,8 @@ def main(argv=None):
     try:
         if args.sample:
             return sample(args, d)
+        if args.hellaswag:
+            return evaluate_hellaswag(args, d)
         hp = hyperparameters_from(args)
         torch.manual_seed(hp.seed)
         return run_training(hp, args, d)
@@ -1376,7 +1569,7 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ShardError, UnsupportedWorldSize) as e:
+    except (FileNotFoundError, ShardError, UnsupportedWorldSize, HellaSwagError, PrepareError) as e:
         # Problems with the user's data or launch: one clear message, no traceback (bugs keep theirs).
         print(f"train_gpt.py: error: {e}", file=sys.stderr)
         sys.exit(2)

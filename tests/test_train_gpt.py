@@ -552,7 +552,7 @@ def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
     import types
 
     class Enc:
-        def encode(self, s):
+        def encode_ordinary(self, s):
             return [int(t) for t in s.split()]
 
         def decode(self, ids):
@@ -560,7 +560,7 @@ def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: Enc()))
     _, _, ckpt_dir = smoke_run
-    text = tg.main(["--sample", str(ckpt_dir / "step_000010"), "--prompt", "100 108 116", "--max-new-tokens", "5"])
+    [text] = tg.main(["--sample", str(ckpt_dir / "step_000010"), "--prompt", "100 108 116", "--max-new-tokens", "5"])
     ids = [int(t) for t in text.split()]
     assert ids[:3] == [100, 108, 116] and len(ids) == 8
     steps = [(b - a) % 511 for a, b in zip(ids[2:], ids[3:])]

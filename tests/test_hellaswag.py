@@ -1,0 +1,544 @@
+"""Tests of data/hellaswag.py (loading, rendering, a mocked download: no network) and of train_gpt.py's
+evaluation and sampling: HellaSwag scoring against a scorer written again here (on logits crafted so the
+answers are known, and end to end on a smoke checkpoint), --hellaswag-every in a smoke run, the sampling
+rules (greedy, temperature, top-k, seed) and the command-line errors.
+
+The smoke model has 512 ids, so its HellaSwag file (tests/fixtures/hellaswag_numbers.jsonl) is written in
+numbers and a stand-in tokenizer reads them (GPT-2's BPE needs files that may be absent offline).
+"""
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import types
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+
+import train_gpt as tg
+from data import hellaswag as hs
+from test_train_gpt import _make_shard  # the smoke data: next = prev + 7..9 (mod 511), BOS 511
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+SAMPLE = FIXTURES / "hellaswag_val_sample.jsonl"
+NUMBERS = FIXTURES / "hellaswag_numbers.jsonl"
+# tiktoken's gpt2 files: TIKTOKEN_CACHE_DIR, or the team's shared copy beside the checkout or its worktree folder
+GPT2_CACHES = (REPO.parent / "shared" / "tiktoken_cache", REPO.parent.parent / "shared" / "tiktoken_cache")
+EVAL_SLEEP_S = 2.0
+GPT2_FILES = ("6d1cbeee0f20b3d9449abfede4726ed8212e3aee", "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6")
+
+
+def _gpt2_cache_dir():
+    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), *GPT2_CACHES):
+        if c and all((Path(c) / f).is_file() for f in GPT2_FILES):
+            return Path(c)
+    return None
+
+
+class NumberEncoding:
+    """Stand-in tokenizer: a text of decimal numbers is its token ids."""
+
+    def encode_ordinary(self, s):
+        return [int(t) for t in s.split()]
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def byte_encoding():
+    return tiktoken.Encoding(name="bytes", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
+                             special_tokens={})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading and rendering
+
+
+def test_load_fixture_and_limit():
+    ex = hs.load_examples(SAMPLE)
+    assert [e.label for e in ex] == [3, 0, 1]
+    assert ex[0].ctx == "A man is sitting on a roof. he"
+    assert ex[0].endings[3] == "starts pulling up roofing on a roof." and len(ex[2].endings) == 4
+    assert [e.label for e in hs.load_examples(SAMPLE, limit=2)] == [3, 0]
+    assert len(hs.load_examples(SAMPLE, limit=10)) == 3
+
+
+@pytest.mark.parametrize("line, what", [
+    ('{"ctx": "a", "endings": ["b", "c", "d"', "not JSON"),
+    ('{"ctx": "a", "endings": ["b", "c", "d"], "label": 0}', "'endings' (4 non-empty texts)"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", ""], "label": 0}', "'endings' (4 non-empty texts)"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 4}', "'label' (0..3)"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": "1"}', "'label' (0..3)"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": true}', "'label' (0..3)"),
+    ('{"endings": ["b", "c", "d", "e"], "label": 1}', "'ctx' (text)"),
+    ('[1, 2]', "'ctx' (text)"),
+])
+def test_malformed_line_is_named(tmp_path, line, what):
+    p = tmp_path / "x.jsonl"
+    p.write_text(SAMPLE.read_text().splitlines()[0] + "\n\n" + line + "\n")
+    with pytest.raises(hs.HellaSwagError, match=rf"x\.jsonl:3: .*") as info:
+        hs.load_examples(p)
+    assert what in str(info.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(hs.HellaSwagError, match=r"no HellaSwag file at .*python data/hellaswag\.py"):
+        hs.load_examples(tmp_path / "none.jsonl")
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(hs.HellaSwagError, match="holds no examples"):
+        hs.load_examples(tmp_path / "e.jsonl")
+
+
+def test_render_bytes_leading_space():
+    """With a byte-level encoding the ids are the UTF-8 bytes: the endings start with a space (32)."""
+    ex = hs.load_examples(SAMPLE)[1]
+    ctx, ends, label = hs.render(ex, byte_encoding().encode_ordinary)
+    assert ctx == list(ex.ctx.encode()) and label == 0
+    assert len(ends) == 4
+    for e, ids in zip(ex.endings, ends):
+        assert ids == [32] + list(e.encode())
+
+
+@pytest.mark.skipif(_gpt2_cache_dir() is None, reason="tiktoken's gpt2 files are not available offline")
+def test_render_gpt2(monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
+    enc = tiktoken.get_encoding("gpt2")
+    ex = hs.Example("Hello", ("world", "A man is sitting on a roof.", "x", "<|endoftext|>"), 2)
+    ctx, ends, label = hs.render(ex, enc.encode_ordinary)
+    assert ctx == [15496] and label == 2
+    assert ends[0] == [995]  # " world"; "world" without the space would be 6894
+    assert ends[1] == [317, 582, 318, 5586, 319, 257, 9753, 13]  # " A man is sitting on a roof."
+    assert 50256 not in ends[3]  # special-token text stays text
+    ex = hs.load_examples(SAMPLE)[0]
+    ctx, ends, _ = hs.render(ex, enc.encode_ordinary)
+    assert len(ctx) == 9 and ends[3] == [4940, 10427, 510, 9753, 278, 319, 257, 9753, 13]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Download (a fake urlopen: no network)
+
+
+def _source(content, url="https://example.invalid/hellaswag_val.jsonl"):
+    return hs.Source("hellaswag_val.jsonl", url, len(content.decode().splitlines()), hs.git_blob_sha1(content))
+
+
+class FakeResponse:
+    def __init__(self, status, body, length=None):
+        self.status, self._body = status, io.BytesIO(body)
+        self.headers = {"Content-Length": str(len(body) if length is None else length)}
+
+    def read(self, n):
+        return self._body.read(n)
+
+
+class FakeServer:
+    """Serves `content` (honouring Range unless told not to); `cut` stops a reply after that many bytes while
+    announcing the full length (a dropped connection); `error` raises instead."""
+
+    def __init__(self, content, ranges=True, cut=None, error=None):
+        self.content, self.ranges, self.cut, self.error = content, ranges, cut, error
+        self.requests = []
+
+    def __call__(self, request, timeout=None):
+        rng = request.get_header("Range")
+        self.requests.append(rng)
+        if self.error is not None:
+            raise self.error
+        start = int(rng[len("bytes="):-1]) if rng and self.ranges else 0
+        if rng and self.ranges and start >= len(self.content):
+            raise urllib.error.HTTPError(request.full_url, 416, "Range Not Satisfiable", {}, None)
+        body = self.content[start:]
+        sent = body if self.cut is None else body[:self.cut]
+        return FakeResponse(206 if rng and self.ranges else 200, sent, length=len(body))
+
+
+CONTENT = SAMPLE.read_bytes()
+
+
+def test_git_blob_id_matches_git(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(CONTENT)
+    out = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True, check=True).stdout
+    assert hs.git_blob_sha1(CONTENT) == out.strip()
+
+
+def test_download_verifies_and_renames(tmp_path, capsys):
+    server = FakeServer(CONTENT)
+    path = hs.download(tmp_path / "hs", _source(CONTENT), opener=server)
+    assert path == tmp_path / "hs" / "hellaswag_val.jsonl" and path.read_bytes() == CONTENT
+    assert not (tmp_path / "hs" / "hellaswag_val.jsonl.part").exists()
+    assert server.requests == [None]
+    out, err = capsys.readouterr()
+    assert "ok (3 examples)" in out and "(100%)" in err
+    # present and valid: no request
+    hs.download(tmp_path / "hs", _source(CONTENT), opener=server)
+    assert server.requests == [None] and "present, ok" in capsys.readouterr().out
+
+
+def test_present_invalid_file_is_downloaded_again(tmp_path, capsys):
+    (tmp_path / "hellaswag_val.jsonl").write_bytes(CONTENT[:-40])
+    hs.download(tmp_path, _source(CONTENT), opener=FakeServer(CONTENT))
+    assert (tmp_path / "hellaswag_val.jsonl").read_bytes() == CONTENT
+    assert "present but invalid" in capsys.readouterr().out
+
+
+def test_dropped_connection_keeps_part_and_next_run_resumes(tmp_path):
+    src = _source(CONTENT)
+    with pytest.raises(hs.HellaSwagError, match=r"stopped at 100 of \d+ bytes; run the same command again"):
+        hs.download(tmp_path, src, opener=FakeServer(CONTENT, cut=100))
+    part = tmp_path / "hellaswag_val.jsonl.part"
+    assert part.read_bytes() == CONTENT[:100] and not (tmp_path / "hellaswag_val.jsonl").exists()
+    server = FakeServer(CONTENT)
+    hs.download(tmp_path, src, opener=server)
+    assert server.requests == ["bytes=100-"]
+    assert (tmp_path / "hellaswag_val.jsonl").read_bytes() == CONTENT and not part.exists()
+
+
+def test_server_without_ranges_restarts(tmp_path, capsys):
+    (tmp_path / "hellaswag_val.jsonl.part").write_bytes(b"garbage that is not a prefix")
+    server = FakeServer(CONTENT, ranges=False)
+    hs.download(tmp_path, _source(CONTENT), opener=server)
+    assert server.requests == ["bytes=28-"]
+    assert (tmp_path / "hellaswag_val.jsonl").read_bytes() == CONTENT
+    assert "does not resume; starting again" in capsys.readouterr().err
+
+
+def test_whole_part_file_is_verified_on_416(tmp_path):
+    (tmp_path / "hellaswag_val.jsonl.part").write_bytes(CONTENT)
+    hs.download(tmp_path, _source(CONTENT), opener=FakeServer(CONTENT))
+    assert (tmp_path / "hellaswag_val.jsonl").read_bytes() == CONTENT
+
+
+@pytest.mark.parametrize("served, match", [
+    (CONTENT.replace(b"roof", b"ROOF"), "differs from the published file"),
+    (CONTENT.split(b"\n", 1)[1], "has 2 examples, expected 3"),
+    (b"\xff\xfe" + CONTENT, "not UTF-8"),
+])
+def test_corrupt_download_is_deleted(tmp_path, served, match):
+    with pytest.raises(hs.HellaSwagError, match=f"failed verification and was deleted: .*{match}"):
+        hs.download(tmp_path, _source(CONTENT), opener=FakeServer(served))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("error", [urllib.error.URLError(OSError(-2, "Name or service not known")),
+                                   TimeoutError("timed out"), ConnectionResetError(104, "reset"),
+                                   urllib.error.HTTPError("u", 404, "Not Found", {}, None)])
+def test_offline_is_one_sentence_exit_2(tmp_path, monkeypatch, capsys, error):
+    monkeypatch.setattr(hs.urllib.request, "urlopen", FakeServer(CONTENT, error=error))
+    assert hs.main(["--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hellaswag.py: error: cannot download {hs.VAL.url} (")
+    assert "by hand" in err[0]
+
+
+def test_real_source_is_pinned():
+    assert hs.VAL.url.endswith(f"/rowanz/hellaswag/{hs.COMMIT}/data/hellaswag_val.jsonl")
+    assert hs.VAL.examples == 10_042 and len(hs.VAL.git_blob_sha1) == 40
+
+
+def test_script_help_from_anywhere(tmp_path):
+    res = subprocess.run([sys.executable, str(REPO / "data" / "hellaswag.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "rowanz/hellaswag" in res.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scoring on crafted logits: a "successor" model (token v is likely after v - 1)
+
+
+def successor_logits(ids, rows, V, boost=6.0):
+    """(len(rows), V) logits: boost for the successor of the token at each row, 0 elsewhere."""
+    out = torch.zeros(len(rows), V)
+    out[torch.arange(len(rows)), (ids[rows].long() + 1) % V] = boost
+    return out
+
+
+def reference_scores(rendered, V, boost=6.0):
+    """Float64 log-likelihood sums and token counts of every ending, one candidate at a time (the
+    specification written again: log p(t | prev) = boost*[t == prev+1] - log(e^boost + V - 1))."""
+    lse = math.log(math.exp(boost) + V - 1)
+    sums, counts = [], []
+    for ctx, ends, _ in rendered:
+        row_s, row_c = [], []
+        for end in ends:
+            prev = [ctx[-1]] + end[:-1]
+            row_s.append(sum(boost * (t == (p + 1) % V) - lse for p, t in zip(prev, end)))
+            row_c.append(len(end))
+        sums.append(row_s)
+        counts.append(row_c)
+    return np.array(sums), np.array(counts)
+
+
+CRAFTED = [
+    # (ctx, endings, label): the right ending follows the successor rule throughout
+    ([10, 11, 12], [[13, 20], [13, 14], [50, 51], [99]], 1),
+    # acc (sum) picks the one-token ending [200]; acc_norm (mean) the long ending with one break: label 0
+    ([30], [[31, 32, 33, 34, 35, 36, 37, 38, 39, 77], [200], [300, 301, 5, 9], [400, 7]], 0),
+    # a long context and ties: endings 2 and 3 are equal; argmax takes the lower index
+    (list(range(100, 140)), [[300], [141, 142], [140, 141], [140, 141]], 2),
+]
+
+
+@pytest.fixture
+def crafted(monkeypatch):
+    hp = tg.smoke_hyperparameters()
+    V = tg.real_vocab(hp)
+    calls = []
+
+    def fake(hp_, params, fns, ids, rot_cache, rows=None, windows=None):
+        assert ids.dtype == torch.int32 and ids.dim() == 1 and ids.numel() % tg.BLOCK == 0
+        calls.append(ids.numel())
+        rows = torch.arange(ids.numel()) if rows is None else rows.cpu()
+        return successor_logits(ids.cpu(), rows, V)
+
+    monkeypatch.setattr(tg, "sequence_logits", fake)
+    return hp, V, calls
+
+
+@pytest.mark.parametrize("pack_tokens", [4096, 40])  # one pack; one example per pack (the 3rd exceeds 40)
+def test_scores_match_the_specification(crafted, pack_tokens):
+    hp, V, calls = crafted
+    packs = tg.pack_hellaswag(CRAFTED, hp.bos_id, pack_tokens)
+    assert len(packs) == (1 if pack_tokens == 4096 else 3)
+    assert len({p.ids.numel() for p in packs}) == 1, "one padded length for all packs"
+    total, count = tg.hellaswag_scores(hp, None, None, packs, len(CRAFTED), torch.device("cpu"), {})
+    ref_s, ref_c = reference_scores(CRAFTED, V)
+    np.testing.assert_allclose(total.numpy(), ref_s, rtol=1e-6, atol=1e-5)
+    assert np.array_equal(count.numpy(), ref_c)
+    acc, acc_norm = tg.hellaswag_predictions(total, count)
+    assert acc.tolist() == ref_s.argmax(1).tolist() == [1, 1, 2]
+    assert acc_norm.tolist() == (ref_s / ref_c).argmax(1).tolist() == [1, 0, 2]
+    assert len(calls) == len(packs)
+
+
+def test_pack_layout():
+    """Every candidate is [BOS] + ctx + ending; each row predicts the token after it."""
+    packs = tg.pack_hellaswag(CRAFTED, 511, 4096)
+    ids = packs[0].ids.tolist()
+    used = sum(1 + len(ctx) + len(e) for ctx, ends, _ in CRAFTED for e in ends)
+    assert len(ids) == 256 and used > 128 and set(ids[used:]) == {511}
+    assert ids[:14] == [511, 10, 11, 12, 13, 20, 511, 10, 11, 12, 13, 14, 511, 10]
+    p = packs[0]
+    assert torch.equal(p.targets, p.ids[p.rows + 1].long())
+    assert p.cands.tolist()[:4] == [0, 0, 1, 1]
+
+
+def test_rank_split_and_counts(crafted, tmp_path, monkeypatch):
+    """Two ranks take examples 0, 2, ... and 1, 3, ...; their counts add up to the one-rank counts."""
+    hp, V, _ = crafted
+    lines = []
+    for ctx, ends, label in CRAFTED * 3:
+        lines.append(json.dumps({"ctx": " ".join(map(str, ctx)), "label": label,
+                                 "endings": [" ".join(map(str, e)) for e in ends]}))
+    f = tmp_path / "c.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    hp = tg.dataclasses.replace(hp, hellaswag_file=str(f))
+    reduced = []
+    monkeypatch.setattr(tg.dist, "all_reduce", lambda t: reduced.append(t.clone()))
+    one = tg.HellaSwag(hp, tg.Dist(), NumberEncoding()).evaluate(hp, None, None, {})
+    assert one == {"acc": 6 / 9, "acc_norm": 1.0, "examples": 9}  # acc misses example 2 (sum vs mean)
+    for r in range(2):
+        h = tg.HellaSwag(hp, tg.Dist(rank=r, world=2), NumberEncoding())
+        assert h.labels.tolist() == [lab for _, _, lab in (CRAFTED * 3)[r::2]]
+        h.evaluate(hp, None, None, {})
+    assert (reduced[0] + reduced[1]).tolist() == [9, 6, 9]
+
+
+def test_tokens_beyond_the_vocabulary_are_refused(tmp_path):
+    """GPT-2 text on the smoke model (512 ids): refused with a message, never an index error."""
+    hp = tg.smoke_hyperparameters(hellaswag_file=str(NUMBERS))
+    (tmp_path / "n.jsonl").write_text(NUMBERS.read_text().replace('"17 25', '"512 25'))
+    tg.HellaSwag(hp, tg.Dist(), NumberEncoding())  # ids up to 510: accepted
+    hp = tg.smoke_hyperparameters(hellaswag_file=str(tmp_path / "n.jsonl"))
+    with pytest.raises(tg.HellaSwagError, match="tokens reach id 512, beyond the model's vocabulary of 512 ids"):
+        tg.HellaSwag(hp, tg.Dist(), NumberEncoding())
+
+
+def test_real_vocab():
+    assert tg.real_vocab(tg.Hyperparameters()) == 50257 and tg.real_vocab(tg.smoke_hyperparameters()) == 512
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sampling rule
+
+
+def test_next_token_rules():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(300, generator=g) * 3
+    logits[17] = logits[250] = logits.max() + 1  # a tie for the maximum: the lower id wins
+    for t in (0.0, 0.5, 1.0, 7.0):
+        assert tg.next_token(logits, t, 1, g) == 17
+    assert tg.next_token(logits, 0.0, 0, g) == 17 == int(torch.argmax(logits))
+    # top-k: draws stay in the k largest; frequencies follow softmax(l / t) over them
+    k, t, n = 5, 2.0, 4000
+    top = torch.argsort(logits.double(), descending=True, stable=True)[:k]
+    draws = torch.tensor([tg.next_token(logits, t, k, torch.Generator().manual_seed(i)) for i in range(n)])
+    assert set(draws.tolist()) <= set(top.tolist())
+    p = torch.softmax(logits.double()[top] / t, 0)
+    freq = torch.stack([(draws == i).double().mean() for i in top])
+    # binomial std of a frequency is sqrt(p(1-p)/n) <= 0.008; 5 std is never reached by chance
+    assert (freq - p).abs().max() < 5 * 0.008, (freq, p)
+    # the generator decides: same seed, same draw sequence
+    a = [tg.next_token(logits, 1.0, 0, g1) for g1 in [torch.Generator().manual_seed(3)] * 20]
+    b = [tg.next_token(logits, 1.0, 0, g1) for g1 in [torch.Generator().manual_seed(3)] * 20]
+    assert a == b and len(set(a)) > 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# End to end on a smoke run: --hellaswag-every, --hellaswag CHECKPOINT, --sample
+
+
+@pytest.fixture
+def number_tokenizer(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hs_smoke")
+    _make_shard(d / "smoke_train_000001.bin", 60_000, 1)
+    _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
+    mp = pytest.MonkeyPatch()
+    mp.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
+    evaluate = tg.HellaSwag.evaluate
+
+    def slow_evaluate(*args, **kwargs):  # an evaluation that takes EVAL_SLEEP_S longer: must not be timed
+        time.sleep(EVAL_SLEEP_S)
+        return evaluate(*args, **kwargs)
+
+    mp.setattr(tg.HellaSwag, "evaluate", slow_evaluate)
+    try:
+        log_path, ckpt_dir = tg.main([
+            "--smoke", "--train-files", str(d / "smoke_train_*.bin"), "--val-files", str(d / "smoke_val_*.bin"),
+            "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), "--run-id", "hs",
+            "--steps", "4", "--extension-steps", "1", "--val-every", "0",
+            "--hellaswag-every", "2", "--hellaswag-file", str(NUMBERS)])
+    finally:
+        mp.undo()
+    return Path(log_path), Path(ckpt_dir) / "step_000005"
+
+
+def test_hellaswag_every_logs_outside_the_clock(smoke_run):
+    log_path, _ = smoke_run
+    events = log_path.read_text().split("=" * 100 + "\n")[-1].splitlines()  # after the source and header
+    hs_lines = [ln for ln in events if "hellaswag" in ln]
+    assert [ln.split()[0] for ln in hs_lines] == ["step:0/5", "step:2/5", "step:4/5", "step:5/5"]
+    values = [float(ln.split("hellaswag_acc_norm:")[1]) for ln in hs_lines]
+    for ln, v in zip(hs_lines, values):
+        assert 0 <= v <= 1 and ln == f"{ln.split()[0]} hellaswag_acc_norm:{v:.4f}"
+    # The clock stops: the train_time of step 5 is the sum of the 5 steps' own durations (stage_step_avg:
+    # 2, 2 and 1 steps), not that plus the 3 evaluations before it (each slowed by EVAL_SLEEP_S).
+    text = "\n".join(events)
+    train_ms = float(re.search(r"^step:5/5 train_time:([\d.]+)ms", text, re.M)[1])
+    avg = [float(x) for x in re.findall(r"stage\d:([\d.]+)ms", text)]
+    assert len(avg) == 3
+    assert abs(train_ms - (2 * avg[0] + 2 * avg[1] + avg[2])) < 1000 * EVAL_SLEEP_S, (train_ms, avg)
+
+
+def _reference_scores(hp, params, fns, device):
+    """Every candidate scored alone (its own sequence [BOS] + ctx + ending, through trunk and head_logits),
+    log-softmax and sums in float64: (sums, token counts), (8, 4) arrays, and the labels."""
+    sums, counts, labels = np.zeros((8, 4)), np.zeros((8, 4)), []
+    for e, ex in enumerate(hs.load_examples(NUMBERS)):
+        ctx, ends, label = hs.render(ex, NumberEncoding().encode_ordinary)
+        labels.append(label)
+        for j, end in enumerate(ends):
+            ids = [hp.bos_id] + ctx + end
+            T = -(-len(ids) // tg.BLOCK) * tg.BLOCK
+            x = torch.tensor(ids + [hp.bos_id] * (T - len(ids)), dtype=torch.int32, device=device)
+            with torch.no_grad():
+                h = tg.trunk(hp, params, fns, x, None, hp.stages[-1].windows, {})
+                logp = torch.log_softmax(tg.head_logits(h, params["lm_head"], hp.softcap).double(), -1)
+            sums[e, j] = sum(logp[len(ctx) + i, t].item() for i, t in enumerate(end))
+            counts[e, j] = len(end)
+    return sums, counts, np.array(labels)
+
+
+def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_tokenizer, capsys, device):
+    """--hellaswag on the smoke checkpoint (bf16, on the test device): the accuracies printed and saved are
+    those of the reference computed one candidate at a time on the same device."""
+    _, ckpt = smoke_run
+    res = tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "8"])
+    dev = torch.device(device)
+    sums, counts, labels = _reference_scores(*tg.load_model(ckpt, tg.Dist(device=dev)), dev)
+    right, right_norm = (sums.argmax(1) == labels).sum(), ((sums / counts).argmax(1) == labels).sum()
+    assert res["examples"] == 8 and (res["acc"], res["acc_norm"]) == (right / 8, right_norm / 8)
+    line = f"hellaswag acc: {right / 8:.4f} acc_norm: {right_norm / 8:.4f} (8 examples)"
+    assert line in capsys.readouterr().out
+    saved = json.loads((ckpt / "hellaswag.json").read_text())
+    assert saved["acc"] == res["acc"] and saved["examples"] == 8 and saved["file"] == str(NUMBERS)
+    assert tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "3"])[
+        "examples"] == 3
+
+
+def test_packed_scores_match_one_candidate_at_a_time(smoke_run, device):
+    """The smoke checkpoint in fp32 (so packing's other positions change only fp32 rounding): the packed
+    sums equal the one-candidate-at-a-time sums to 1e-3 nats (4-token endings sum to about -20 here and
+    differ by up to ~4 nats; a wrong row or target moves a sum by tenths of a nat or more)."""
+    _, ckpt = smoke_run
+    dev = torch.device(device)
+    hp, params, fns = tg.load_model(ckpt, tg.Dist(device=dev))
+    hp = tg.dataclasses.replace(hp, param_dtype="float32", hellaswag_file=str(NUMBERS))
+    params = {k: v.float() for k, v in params.items()}
+    ref_s, ref_c, _ = _reference_scores(hp, params, fns, dev)
+    h = tg.HellaSwag(hp, tg.Dist(device=dev), NumberEncoding())
+    assert len(h.packs) == 1
+    total, count = tg.hellaswag_scores(hp, params, fns, h.packs, 8, dev, {})
+    np.testing.assert_allclose(total.cpu().numpy(), ref_s, rtol=0, atol=1e-3)
+    assert np.array_equal(count.cpu().numpy(), ref_c) and np.ptp(ref_s) > 1, "scores too alike to tell bugs apart"
+
+
+def _sample(ckpt, *extra):
+    return tg.main(["--sample", str(ckpt), "--prompt", "100 108 116", "--max-new-tokens", "6", *extra])
+
+
+def test_sampling_seed_temperature_top_k(smoke_run, number_tokenizer, capsys):
+    _, ckpt = smoke_run
+    greedy = _sample(ckpt)
+    assert len(greedy) == 1 and greedy[0].startswith("100 108 116 ") and len(greedy[0].split()) == 9
+    assert _sample(ckpt, "--temperature", "0", "--num-samples", "2", "--seed", "4") == greedy * 2
+    assert _sample(ckpt, "--temperature", "1.5", "--top-k", "1") == greedy
+    a = _sample(ckpt, "--temperature", "1", "--num-samples", "3", "--seed", "1")
+    assert a == _sample(ckpt, "--temperature", "1", "--num-samples", "3", "--seed", "1")
+    assert a != _sample(ckpt, "--temperature", "1", "--num-samples", "3", "--seed", "2")
+    assert len(set(a)) > 1, "three samples at temperature 1 should differ"
+    out = capsys.readouterr().out
+    assert "--- sample 3/3" in out and a[2] in out
+
+
+def test_sequence_logits_padding_and_prefix(smoke_run):
+    """Right padding is harmless: the logits of a prefix equal the first rows of the longer sequence's."""
+    _, ckpt = smoke_run
+    hp, params, fns = tg.load_model(ckpt, tg.Dist())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 511, (150,), generator=g, dtype=torch.int32)
+    ids[0] = ids[90] = hp.bos_id
+    full = tg.sequence_logits(hp, params, fns, ids, {})
+    assert full.shape == (150, 512) and full.dtype == torch.float32
+    assert torch.equal(tg.sequence_logits(hp, params, fns, ids[:100], {}), full[:100])
+    assert torch.equal(tg.sequence_logits(hp, params, fns, ids, {}, rows=torch.tensor([149, 3])), full[[149, 3]])
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--hellaswag", "{tmp}/nope"], "no checkpoint at"),
+    (["--hellaswag", "{ckpt}", "--hellaswag-file", "{tmp}/none.jsonl"], "no HellaSwag file at"),
+    (["--sample", "{ckpt}", "--temperature", "-1"], "--temperature: must be >= 0"),
+    (["--sample", "{ckpt}", "--num-samples", "0"], "--num-samples: must be >= 1"),
+])
+def test_command_line_errors_are_one_line(smoke_run, tmp_path, argv, msg):
+    _, ckpt = smoke_run
+    argv = [a.format(tmp=tmp_path, ckpt=ckpt) for a in argv]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *argv], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert msg in res.stderr.strip().splitlines()[-1]
