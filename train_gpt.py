@@ -100,6 +100,7 @@ class Hyperparameters:
     val_micro_tokens: int = 32_768  # tokens per validation micro-batch (a training shape: no extra compile)
     max_doc_len: int = 2048  # documents are cut to this many tokens inside a training micro-batch
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
+    vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := max id
     # model
     vocab_size: int = 50304  # embedding rows: GPT-2's 50257 padded to a multiple of 128
     num_layers: int = 11  # transformer blocks
@@ -169,13 +170,14 @@ def hyperparameters_from_dict(d):
 
 
 def smoke_hyperparameters(**overrides):
-    """Tiny model and schedule for the CPU smoke run (vocab 512 so tests can write small-id shards)."""
+    """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
+    fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
         val_tokens=8 * 256 * 2, val_micro_tokens=256, max_doc_len=192, bos_id=511, vocab_size=512,
         num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
         ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
         scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
-        val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02)
+        val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True)
     return dataclasses.replace(hp, **overrides)
 
 
@@ -797,6 +799,32 @@ class Optimizer:
 # Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
 
 
+def check_token_ids(files, vocab_size):
+    """The largest token id in the shards; a ShardError naming the file and the first position of an id
+    >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the
+    CPU, a device-side assert on the GPU). One vectorised max over each memory-mapped shard (a 100M-token
+    shard is 200 MB: a fraction of a second from the page cache)."""
+    top = -1
+    for f in files:
+        tokens = load_shard(f, mmap=True)
+        m = int(tokens.max())
+        if vocab_size is not None and m >= vocab_size:
+            pos = int(np.argmax(tokens >= vocab_size))
+            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside the model's vocabulary "
+                             f"(vocab_size {vocab_size}); were these shards made with another tokenizer?")
+        top = max(top, m)
+    return top
+
+
+def fit_to_data(hp, train_files, val_files):
+    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them."""
+    top = check_token_ids(list(train_files) + list(val_files), None if hp.vocab_from_data else hp.vocab_size)
+    if hp.vocab_from_data:
+        # Every document starts with BOS, the largest id of the GPT-2 tokenizer (50256) and of the tests' shards.
+        hp = dataclasses.replace(hp, vocab_size=-(-(top + 1) // 128) * 128, bos_id=top)
+    return hp
+
+
 def bos_positions(tokens, bos_id):
     return np.flatnonzero(np.asarray(tokens) == bos_id)
 
@@ -1253,6 +1281,7 @@ def run_training(hp, args, d):
     """One training run: files, log header, trainer, compile warmup, optional resume, timed loop, footer.
     Returns (log path, checkpoint folder)."""
     train_files, val_files = resolve_files(hp)
+    hp = fit_to_data(hp, train_files, val_files)
     log, run_id = open_log(hp, args, d, train_files, val_files)
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "

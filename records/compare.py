@@ -73,13 +73,47 @@ LOG_SUFFIXES = (".txt", ".log")
 HASH_CHARS = 10
 
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
-# A complete step line; a line that starts with "step:" but does not match this is treated as cut short.
-STEP_RE = re.compile(
-    rf"^step:(?P<step>\d+)/(?P<total>\d+)"
-    rf"(?: val_loss:(?P<val_loss>{_NUM}))?"
-    rf"(?: train_loss:(?P<train_loss>{_NUM}))?"
-    rf" train_time:(?P<train_time>{_NUM})ms"
-    rf" step_avg:(?P<step_avg>{_NUM})ms\s*$")
+# Step lines, the one format of train_gpt.py and of the public speedrun's logs:
+#     step:S/T key:value key:value ...
+# with the fields below in any order (our trainer writes train_loss last, older public logs before
+# train_time). train_time and step_avg are required; a line that starts with "step:" but is not a complete
+# step line (a missing required field, a field without its unit, an unknown or repeated key: e.g. a log cut
+# mid-write) is treated as cut short. parse_step_line is the only parser of this format (the tests use it too).
+_STEP_HEAD_RE = re.compile(r"^step:(?P<step>\d+)/(?P<total>\d+)$")
+STEP_FIELDS = {  # key -> unit suffix of its value
+    "val_loss": "",
+    "train_loss": "",
+    "train_time": "ms",
+    "step_avg": "ms",
+}
+STEP_REQUIRED = ("train_time", "step_avg")
+_STEP_VALUE_RE = re.compile(rf"^{_NUM}$")
+
+
+def parse_step_line(line):
+    """``{"step": int, "total": int, key: str value, ...}`` for a complete step line, else None.
+
+    Values are kept as text without their unit (``"12.34"``, ``"nan"``); ``_float`` converts them.
+    """
+    head, *fields = line.split() or [""]
+    match = _STEP_HEAD_RE.match(head)
+    if not match:
+        return None
+    out = {"step": int(match.group("step")), "total": int(match.group("total"))}
+    for item in fields:
+        key, sep, value = item.partition(":")
+        unit = STEP_FIELDS.get(key)
+        if not sep or unit is None or key in out or not value.endswith(unit):
+            return None
+        value = value[:len(value) - len(unit)] if unit else value
+        if not _STEP_VALUE_RE.match(value):
+            return None
+        out[key] = value
+    if any(key not in out for key in STEP_REQUIRED):
+        return None
+    return out
+
+
 PEAK_MEM_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB\s*$")
 RUNNING_PYTHON_RE = re.compile(r"^Running Python (\S+)")
 RUNNING_TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)")
@@ -121,7 +155,7 @@ class Run:
     mfu_pct: float | None = None
     compile_warmup_s: float | None = None
     val_curve: list = field(default_factory=list)     # [(step, train_time_ms, val_loss)]
-    train_losses: list = field(default_factory=list)  # [(step, train_loss)], older public logs only
+    train_losses: list = field(default_factory=list)  # [(step, train_loss)], logs with train losses
     problems: list = field(default_factory=list)      # why the run is unusable or suspicious
 
     @property
@@ -179,7 +213,7 @@ def parse_log_text(text, path="<text>"):
     for line in body:
         if line.startswith("step:"):
             header_done = True
-            match = STEP_RE.match(line)
+            match = parse_step_line(line)
             if match:
                 step_matches.append(match)
             else:
@@ -246,28 +280,28 @@ def _set_header_field(run, key, value):
 
 def _fill_steps(run, step_matches):
     last = step_matches[-1]
-    run.total_steps = int(last.group("total"))
-    run.last_step = max(int(m.group("step")) for m in step_matches)
+    run.total_steps = last["total"]
+    run.last_step = max(m["step"] for m in step_matches)
     final_val = None
     for m in step_matches:
-        step = int(m.group("step"))
-        if m.group("val_loss") is not None:
-            loss = _float(m.group("val_loss"))
-            run.val_curve.append((step, _float(m.group("train_time")), loss))
-            if step == int(m.group("total")):
+        step = m["step"]
+        if m.get("val_loss") is not None:
+            loss = _float(m["val_loss"])
+            run.val_curve.append((step, _float(m["train_time"]), loss))
+            if step == m["total"]:
                 final_val = m
-        if m.group("train_loss") is not None:
-            run.train_losses.append((step, _float(m.group("train_loss"))))
+        if m.get("train_loss") is not None:
+            run.train_losses.append((step, _float(m["train_loss"])))
     if not run.val_curve:
         run.problems.append("no validation line")
     if final_val is None:
         run.problems.append(f"unfinished: last step {run.last_step}/{run.total_steps} has no final val loss")
         return
     run.finished = True
-    run.val_loss = _float(final_val.group("val_loss"))
-    train_time_ms = _float(final_val.group("train_time"))
+    run.val_loss = _float(final_val["val_loss"])
+    train_time_ms = _float(final_val["train_time"])
     run.train_time_s = None if train_time_ms is None else train_time_ms / 1000.0
-    run.step_avg_ms = _float(final_val.group("step_avg"))
+    run.step_avg_ms = _float(final_val["step_avg"])
     if run.val_loss is None or not math.isfinite(run.val_loss):
         run.problems.append("final val loss is not finite")
 

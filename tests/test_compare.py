@@ -139,6 +139,49 @@ def test_old_public_format_with_train_loss():
     assert (run.torch, run.cuda, run.gpu_model) == ("2.5.0", "12.4", None)
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("step:3/10 train_time:90ms step_avg:30.00ms", {"train_time": "90", "step_avg": "30.00"}),
+    ("step:3/10 train_time:90ms step_avg:30.00ms train_loss:4.125000",  # train_gpt.py --train-loss
+     {"train_time": "90", "step_avg": "30.00", "train_loss": "4.125000"}),
+    ("step:3/10 train_loss:4.125 train_time:90ms step_avg:30.00ms",  # older public logs
+     {"train_time": "90", "step_avg": "30.00", "train_loss": "4.125"}),
+    ("step:0/10 val_loss:10.8258 train_time:0ms step_avg:nanms", {"val_loss": "10.8258", "train_time": "0",
+                                                                  "step_avg": "nan"}),
+    ("step:10/10 step_avg:3.5ms val_loss:3.2775 train_time:35ms  ", {"val_loss": "3.2775", "train_time": "35",
+                                                                     "step_avg": "3.5"}),
+])
+def test_step_line_fields_in_any_order(line, expected):
+    step = int(line.split("/")[0].split(":")[1])
+    assert compare.parse_step_line(line) == {"step": step, "total": 10, **expected}
+
+
+@pytest.mark.parametrize("line", [
+    "step:3/10 train_time:90ms step_avg:30.0",           # cut before the unit
+    "step:3/10 train_time:90ms step_a",                   # cut inside a key
+    "step:3/10 train_time:90ms",                          # step_avg missing
+    "step:3/10 train_time:90ms step_avg:30.00ms train_loss:4.1 train_loss:4.2",  # repeated key
+    "step:3/10 train_time:90ms step_avg:30.00ms lr:0.1",  # unknown key
+    "step:3/10 train_time:90s step_avg:30.00ms",          # wrong unit
+    "step:3/10 val_loss:abc train_time:90ms step_avg:30.00ms",
+    "step:3 train_time:90ms step_avg:30.00ms",
+    "step:",
+])
+def test_incomplete_step_lines_are_rejected(line):
+    assert compare.parse_step_line(line) is None
+
+
+def test_log_with_train_loss_last_parses(tmp_path):
+    """The order train_gpt.py --train-loss writes: every step line is complete, the losses are kept."""
+    text = (SEP + "\n" + "\n".join(["step:0/2 val_loss:10.8258 train_time:0ms step_avg:nanms",
+                                     "step:1/2 train_time:30ms step_avg:30.00ms train_loss:10.500000",
+                                     "step:2/2 train_time:60ms step_avg:30.00ms train_loss:9.250000",
+                                     "step:2/2 val_loss:9.1234 train_time:61ms step_avg:30.50ms"]) + "\n")
+    run = compare.parse_log_text(text, "ours.txt")
+    assert not any("cut short" in p for p in run.problems), run.problems
+    assert run.train_losses == [(1, 10.5), (2, 9.25)]
+    assert (run.val_loss, run.finished) == (9.1234, True)
+
+
 def test_truncated_log_is_unfinished(tmp_path):
     run = compare.parse_log(write_log(tmp_path / "cut.txt", 3.27, 60000, cut_final=True))
     assert not run.finished and not run.usable

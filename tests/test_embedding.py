@@ -83,7 +83,8 @@ def ordered_expected(grad_out, ids, num_embeddings, out_dtype):
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
-# (N, C, V, kind): N = 0, 1 and sizes that are multiples of no block; C odd and a power of two.
+# (N, C, V, kind): N = 0, 1 and sizes that are multiples of no block, and one aligned case; C odd and a power
+# of two.
 CPU_CASES = [
     (0, 64, 20, "uniform"),
     (1, 64, 20, "uniform"),
@@ -92,6 +93,7 @@ CPU_CASES = [
     (133, 64, 150, "zipf"),
     (PIECE * 4 + 13, 64, 30, "equal"),
     (PIECE * 9 + 5, 67, 50, "long"),
+    (PIECE * 4, 128, 128, "uniform"),  # N, C and V multiples of the pieces and tiles: no partial block
 ]
 GPU_CASES = [
     (49152, 768, 50304, "uniform"),

@@ -13,13 +13,15 @@ import pytest
 import torch
 
 from kernels.momentum import NORM_SAFETY, TUNING_CANDIDATES, nesterov_momentum, nesterov_momentum_ref
-from tests.tolerances import assert_all_written, assert_elementwise, nan_like, shifted_randn
+from tests.tolerances import assert_all_written, assert_close_report, assert_elementwise, nan_like, shifted_randn
 
 HAS_CUDA = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="speedrun shapes need a CUDA GPU")
 
 DTYPE_IDS = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-SHAPES = [(5, 123, 123), (1, 100, 257), (64, 33), (2, 1, 300)]
+# (2, 64, 128): 8192 elements per matrix, a multiple of every pass-1 BLOCK and pass-2 SCALE_BLOCK of the
+# interpreter's and the default configuration (no lane masked off); the others end in a partial chunk.
+SHAPES = [(5, 123, 123), (1, 100, 257), (64, 33), (2, 1, 300), (2, 64, 128)]
 SPEEDRUN_SHAPES = [(3, 3072, 768), (5, 768, 768)]
 SHAPE_PARAMS = SHAPES + [pytest.param(s, marks=gpu_only) for s in SPEEDRUN_SHAPES]
 MUS = [0.85, 0.9, 0.95]
@@ -41,10 +43,25 @@ def make_inputs(shape, dtype, device, seed=0):
     return grad.to(device=device, dtype=dtype), buf.to(device)
 
 
+def momentum_spec(grad, buf, mu):
+    """The specification, written here independently of the module: float64, returns (new buf, X).
+
+    mu is used as the kernel sees it, rounded to fp32. The buffer is updated first and the Nesterov
+    look-ahead uses the NEW buffer: u = (1 - mu) g + mu buf_new. X is the bf16-rounded u (round to nearest
+    even) divided by 1.02 x its Frobenius norm per matrix plus 1e-6, not rounded.
+    """
+    mu = float(torch.tensor(float(mu), dtype=torch.float32))
+    g = grad.to("cpu", torch.float64)
+    buf_new = mu * buf.to("cpu", torch.float64) + (1.0 - mu) * g
+    u = (1.0 - mu) * g + mu * buf_new
+    b = u.to(torch.bfloat16).to(torch.float64)
+    norm = b.square().sum(dim=(-2, -1), keepdim=True).sqrt()
+    return buf_new, b / (norm * 1.02 + 1e-6)
+
+
 def check_step(grad, buf, mu, out=None):
-    """One kernel step against the float64 reference started from the same buf; returns X."""
-    buf_expected = buf.to("cpu", torch.float64)  # a copy: the reference updates it in place
-    expected = nesterov_momentum_ref(grad.cpu(), buf_expected, mu, out_dtype=torch.float64)
+    """One kernel step against the float64 specification started from the same buf; returns X."""
+    buf_expected, expected = momentum_spec(grad, buf, mu)
     x = nesterov_momentum(grad, buf, mu, out=out)
     assert x.dtype == torch.bfloat16 and x.shape == grad.shape and x.is_contiguous()
     assert_all_written(x, "X")
@@ -143,7 +160,7 @@ def test_every_config(config, device):
     # The last 400 elements of each matrix carry most of its norm: a chunk or partial sum left out at the
     # end (e.g. past the first 1024 partials) changes X by far more than the tolerance.
     grad.view(shape[0], -1)[:, -400:] *= 30
-    expected = nesterov_momentum_ref(grad.cpu(), buf.to("cpu", torch.float64), 0.9, out_dtype=torch.float64)
+    _, expected = momentum_spec(grad, buf, 0.9)
     x = nesterov_momentum(grad, buf, 0.9, out=nan_like(grad), config=config)
     assert_all_written(x, "X")
     assert_elementwise(x, expected, name="X")
@@ -205,12 +222,17 @@ def test_cpu_tensors_without_interpreter(monkeypatch):
         nesterov_momentum(torch.zeros(4, 5), torch.zeros(4, 5), 0.9)
 
 
-def test_reference_float64_matches_fp32_reference():
-    """The two precisions of the reference agree (a sanity check of the reference itself)."""
+@pytest.mark.parametrize("mu", [0.9, torch.tensor(0.85)], ids=["float", "tensor"])
+def test_reference_matches_specification(mu):
+    """The module's reference (used by the benchmark) agrees with the specification above, in both of its
+    precisions."""
     grad, buf = make_inputs((3, 40, 50), torch.bfloat16, "cpu")
+    buf_spec, x_spec = momentum_spec(grad, buf, mu)
     b32, b64 = buf.clone(), buf.double()
-    x32 = nesterov_momentum_ref(grad, b32, 0.9)
-    x64 = nesterov_momentum_ref(grad, b64, 0.9, out_dtype=torch.float64)
-    assert_elementwise(b32, b64, name="buf")
-    assert_elementwise(x32, x64, name="X")
+    x32 = nesterov_momentum_ref(grad, b32, mu)
+    x64 = nesterov_momentum_ref(grad, b64, mu, out_dtype=torch.float64)
+    assert_close_report(b64, buf_spec, atol=0, rtol=1e-12, name="buf64")  # float64 rounding only
+    assert_close_report(x64, x_spec, atol=1e-15, rtol=1e-12, name="X64")
+    assert_elementwise(b32, buf_spec, name="buf")
+    assert_elementwise(x32, x_spec, name="X")
     assert math.isclose(x64.reshape(3, -1).norm(dim=1).max().item(), 1 / NORM_SAFETY, rel_tol=1e-3)

@@ -85,7 +85,9 @@ def gram_cases():
     """(shape, layout, config): odd shapes in every layout with the default and the 16 x 16 tiles; on the GPU
     also larger odd shapes, and the speedrun's shapes (contiguous and transposed, default tiles only)."""
     cases = []
-    for shape in [(2, 33, 70), (65, 129), (1, 17, 17), (3, 40, 24)]:
+    # (2, 64, 64): N and K multiples of every CPU tile (16 and the fp32 default 64 x 32): the unmasked
+    # (MASK_N = MASK_K = False) path; the others are ragged.
+    for shape in [(2, 33, 70), (65, 129), (1, 17, 17), (3, 40, 24), (2, 64, 64)]:
         cases += [(shape, layout, cfg) for layout in LAYOUTS for cfg in CONFIGS]
     for shape in [(100, 257), (1, 257, 100), (5, 100, 257)]:
         cases += [pytest.param(shape, layout, cfg, marks=GPU) for layout in LAYOUTS for cfg in CONFIGS]
@@ -126,7 +128,7 @@ def test_xxt_long_reduction(dtype, shape, device):
     assert torch.equal(out, out.mT)
     assert_matches_torch(out, pe.xxt_ref(x.double()), pe.xxt_ref(x), name="xxt long K", scale=gram_scale("xxt", x))
 
-@pytest.mark.parametrize("shape,config", with_tiles([(2, 50, 50), (17, 17), (1, 33, 33)], [(5, 100, 100)],
+@pytest.mark.parametrize("shape,config", with_tiles([(2, 50, 50), (17, 17), (1, 33, 33), (1, 64, 64)], [(5, 100, 100)],
                                                    [(4, 768, 768), (24, 768, 768), (767, 767)]), ids=case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("transposed_out", [False, True])
@@ -178,7 +180,7 @@ def test_gram_degenerate_reduction(k, device):
 # ----------------------------------------------------------------------------------------------------
 # The X update: out = alpha * P Q + beta * C
 
-@pytest.mark.parametrize("dims,config", with_tiles([(2, 33, 45, 21), (1, 16, 16, 16), (3, 50, 17, 64)],
+@pytest.mark.parametrize("dims,config", with_tiles([(2, 33, 45, 21), (1, 16, 16, 16), (3, 50, 17, 64), (1, 64, 64, 64)],
                                                    [(2, 100, 257, 77)], [(3, 3072, 768, 768), (5, 768, 768, 768)]),
                          ids=case_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

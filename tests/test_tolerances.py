@@ -54,3 +54,40 @@ def test_rule1_scale_sets_the_floor():
     with pytest.raises(AssertionError, match="exceeds bound"):
         assert_matches_torch(off, ref, exact)
     assert_matches_torch(off, ref, exact, scale=100.0)
+
+
+def test_rule1_torch_overflow_does_not_accept_anything():
+    """torch overflowing to inf must not make the bound infinite: the kernel must overflow the same way
+    (or give the same NaN), and the finite elements are still held to the bound."""
+    ref = torch.tensor([1.0, 2.0, 7e4, -3.0], dtype=torch.float64)
+    lowp = ref.half()  # 7e4 > fp16 max 65504: torch's result is inf there
+    assert torch.isinf(lowp[2])
+    assert_matches_torch(lowp.clone(), ref, lowp)  # same pattern, finite part exact
+    nan_out = lowp.clone()
+    nan_out[2] = float("nan")
+    with pytest.raises(AssertionError, match="inf/NaN patterns differ"):
+        assert_matches_torch(nan_out, ref, lowp)
+    finite_out = lowp.clone()
+    finite_out[2] = 6e4
+    with pytest.raises(AssertionError, match="inf/NaN patterns differ"):
+        assert_matches_torch(finite_out, ref, lowp)
+    wrong_sign = lowp.clone()
+    wrong_sign[2] = -float("inf")
+    with pytest.raises(AssertionError, match="inf/NaN patterns differ"):
+        assert_matches_torch(wrong_sign, ref, lowp)
+    nan_elsewhere = lowp.clone()
+    nan_elsewhere[0] = float("nan")
+    with pytest.raises(AssertionError, match="exceeds bound"):
+        assert_matches_torch(nan_elsewhere, ref, lowp)
+    off_elsewhere = lowp.clone()
+    off_elsewhere[3] = -2.0
+    with pytest.raises(AssertionError, match="exceeds bound"):
+        assert_matches_torch(off_elsewhere, ref, lowp)
+
+
+def test_rule1_torch_nan_must_be_matched():
+    ref = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    lowp = torch.tensor([1.0, float("nan")])
+    assert_matches_torch(torch.tensor([1.0, float("nan")]), ref, lowp)
+    with pytest.raises(AssertionError, match="inf/NaN patterns differ"):
+        assert_matches_torch(torch.tensor([1.0, 2.0]), ref, lowp)

@@ -1,8 +1,10 @@
 """Tests for kernels/transpose.py: bitwise equality with torch for every dtype, shape and layout.
 
 Copies are compared bit for bit (through integer views, so NaN payloads and negative zero count too). Adds are
-compared bit for bit with ``(dst.float() + src.T.float()).to(dtype)``, the fp32-add-then-round-once
-semantics, which is also what ``dst.add_(src.T)`` computes.
+compared bit for bit with the exact sum rounded once to the output dtype (round to nearest even): the
+fp32-add-then-round-once semantics, which is also what ``dst.add_(src.T)`` computes. The test computes the
+exact sum in float64; for the test's inputs (magnitudes within 2^10 of each other) the fp32 sum of two
+fp16/fp32 values is exact or correctly rounded, so the two agree.
 
 bf16 adds run on the GPU only: the Triton interpreter (3.9) rounds fp32 -> bf16 toward zero instead of to
 nearest even, so it cannot reproduce the GPU's (and torch's) bits. bf16 copies are bit moves and run
@@ -21,7 +23,12 @@ gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (too big or
 RAW = {2: torch.int16, 4: torch.int32}
 DTYPE_IDS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
-SMALL_SHAPES = [(1, 1), (1, 37), (37, 1), (100, 257), (767, 767)]
+# (128, 256) is a multiple of every transpose tile (64x64 for 4-byte, 128x128 for 1- and 2-byte types): the
+# kernel's unmasked EVEN path, which the speedrun's 768x50304 takes on the GPU. The others are masked.
+SMALL_SHAPES = [(1, 1), (1, 37), (37, 1), (100, 257), (767, 767), (128, 256)]
+# For the strided-layout tests: (256, 512) is also a multiple of the "run" tiles (16 x 512 bytes) used when
+# both sides are contiguous along the same dimension, for 2- and 4-byte types.
+STRIDE_SHAPES = [(100, 257), (256, 512)]
 SPEEDRUN_SHAPES = [(768, 50304), (50304, 768)]
 # How a (rows, cols) operand is laid out in memory: every kernel launch reads the strides it is given.
 LAYOUTS = ["contiguous", "transposed", "strided"]
@@ -87,7 +94,7 @@ def test_copy_matches_torch(dtype, shape, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=lambda d: DTYPE_IDS[d])
 @pytest.mark.parametrize("src_layout", LAYOUTS)
 @pytest.mark.parametrize("dst_layout", LAYOUTS)
-@pytest.mark.parametrize("shape", [(100, 257), (33, 65)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", STRIDE_SHAPES + [(33, 65)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_copy_any_strides(dtype, src_layout, dst_layout, shape, device):
     M, N = shape
     g = gen()
@@ -159,7 +166,26 @@ def add_dtype_params():
 
 
 def expected_add(src, dst):
-    return (dst.float() + src.T.float()).to(dst.dtype)
+    """The specification: the exact sum (float64) rounded once to dst's dtype."""
+    exact = dst.to("cpu", torch.float64) + src.T.to("cpu", torch.float64)
+    return exact.to(dst.dtype).to(dst.device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=lambda d: DTYPE_IDS[d])
+def test_add_ties_round_to_even(dtype, device):
+    """Sums that fall exactly halfway between two representable values round to the even one, in the
+    reference and in both kernel paths (a 1x1 masked tile and a 64x64 unmasked one)."""
+    big = 2.0 ** 11 if dtype == torch.float16 else 2.0 ** 24  # the ulp at big is 2: big + 1 is a tie
+    pairs = [(big, 1.0, big), (big + 2, 1.0, big + 4), (-big, -1.0, -big), (big, 0.5, big), (big, 3.0, big + 4)]
+    for shape in [(1, 1), (64, 64)]:
+        for d, s_, want in pairs:
+            src = torch.full(shape, s_, dtype=dtype, device=device)
+            dst = torch.full(shape[::-1], d, dtype=dtype, device=device)
+            want_t = torch.full(shape[::-1], want, dtype=dtype)
+            assert bits_equal(transpose_add_ref(src.cpu(), dst.cpu().clone()), want_t), (d, s_, want)
+            assert bits_equal(expected_add(src, dst).cpu(), want_t), (d, s_, want)
+            transpose_add(src, dst, config=(64, 64, 4))
+            assert bits_equal(dst.cpu(), want_t), (shape, d, s_, want, dst.flatten()[0].item())
 
 
 @pytest.mark.parametrize("dtype", add_dtype_params(), ids=lambda d: DTYPE_IDS[d])
@@ -172,8 +198,8 @@ def test_add_matches_fp32_add_then_round(dtype, shape, device):
     src = random_values((M, N), dtype, device, g)
     dst = random_values((N, M), dtype, device, g, scale=7.3)
     expected = expected_add(src, dst)
-    ref = transpose_add_ref(src, dst.clone())
-    assert bits_equal(ref, expected)
+    assert not bits_equal(dst, expected)  # the add changes dst
+    assert bits_equal(transpose_add_ref(src.cpu(), dst.cpu().clone()), expected.cpu())
     out = transpose_add(src, dst)
     assert out is dst
     assert bits_equal(dst, expected)
@@ -193,8 +219,9 @@ def test_add_equals_torch_add_(dtype):
 @pytest.mark.parametrize("dtype", add_dtype_params(), ids=lambda d: DTYPE_IDS[d])
 @pytest.mark.parametrize("src_layout", LAYOUTS)
 @pytest.mark.parametrize("dst_layout", LAYOUTS)
-def test_add_any_strides(dtype, src_layout, dst_layout, device):
-    M, N = 100, 257
+@pytest.mark.parametrize("shape", STRIDE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_add_any_strides(dtype, src_layout, dst_layout, shape, device):
+    M, N = shape
     g = gen()
     src, _ = make_operand(random_values((M, N), dtype, device, g), src_layout)
     dst, dst_base = make_operand(random_values((N, M), dtype, device, g, scale=7.3), dst_layout)

@@ -9,6 +9,10 @@ inputs, plus a small floor:
 
     max|kernel - ref| <= FACTOR * max|torch_lowp - ref| + FLOOR[dtype] * max|ref|
 
+Where torch's low-precision result is inf or NaN (an overflow), its error is infinite and the bound would
+accept any output: there the kernel must give the same inf/NaN instead, and the bound is computed and
+applied over the elements where torch is finite.
+
 ``FACTOR = 2`` lets a kernel use a different (equally valid) summation order or tile shape than cuBLAS
 without letting a real bug through: a wrong index, a missed tile or a dropped term is off by O(|ref|), far
 above twice the rounding error of a correct result. The floor covers the case where torch happens to be
@@ -112,18 +116,36 @@ def assert_matches_torch(actual, expected64, torch_lowp, *, name="output", facto
     """Rule 1: kernel error <= factor * torch's error + floor (see module docstring).
 
     ``scale`` (default ``max|expected64|``) sets the floor, ``UNIT_ROUNDOFF[dtype] * scale``; matmul-like
-    kernels pass the magnitude of the summed terms, ``max(|A| @ |B|)``.
+    kernels pass the magnitude of the summed terms, ``max(|A| @ |B|)``. Where ``torch_lowp`` is inf or NaN
+    the kernel must hold the same value; the bound is then judged on the elements where torch is finite.
     """
     dtype = actual.dtype
-    err_torch = max_abs_err(torch_lowp, expected64)
+    if actual.shape != torch_lowp.shape:
+        raise AssertionError(f"{name}: shape mismatch {tuple(actual.shape)} vs torch {tuple(torch_lowp.shape)}")
+    # Where torch's own result overflowed (inf) or is NaN, its error is infinite and would make the bound
+    # infinite, accepting anything. Instead the kernel must give the same non-finite value there, and only
+    # the elements where torch is finite set and meet the bound.
+    a = actual.detach().to("cpu", torch.float64)
+    t = torch_lowp.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        same = torch.where(torch.isnan(t), torch.isnan(a), a == t)
+        if not bool(same[~finite].all()):
+            idx = torch.nonzero(~finite & ~same)[0].tolist()
+            raise AssertionError(f"{name}: torch's result is {t[tuple(idx)].item()} at {idx} "
+                                 f"({int((~finite).sum())} non-finite elements), the kernel's is "
+                                 f"{a[tuple(idx)].item()}: the inf/NaN patterns differ")
+        # Indices in a failure report below then count the finite elements only (flattened).
+        a, t, expected64 = a[finite], t[finite], expected64.detach().to("cpu", torch.float64)[finite]
+    err_torch = max_abs_err(t, expected64)
     if scale is None:
         scale = expected64.detach().abs().max().item() if expected64.numel() else 0.0
     bound = factor * err_torch + FLOOR[dtype] * scale
-    err = max_abs_err(actual, expected64)
+    err = max_abs_err(a, expected64)
     if not err <= bound:
         raise AssertionError(f"{name}: max abs err {err:.4e} exceeds bound {bound:.4e} "
                              f"(= {factor} x torch err {err_torch:.4e} + floor {FLOOR[dtype]:.1e} x scale "
-                             f"{scale:.4e}); dtype {dtype}\n" + _describe(actual, expected64))
+                             f"{scale:.4e}); dtype {dtype}\n" + _describe(a, expected64))
 
 
 def assert_elementwise(actual, expected64, *, name="output", ulps=ULP_MULT, scale=None):
