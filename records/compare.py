@@ -79,14 +79,18 @@ _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 # train_time). train_time and step_avg are required; a line that starts with "step:" but is not a complete
 # step line (a missing required field, a field without its unit, an unknown or repeated key: e.g. a log cut
 # mid-write) is treated as cut short. parse_step_line is the only parser of this format (the tests use it too).
+# Evaluation lines share the head and carry only evaluation fields, no times (the clock is stopped):
+#     step:S/T hellaswag_acc_norm:0.2950        (train_gpt.py --hellaswag-every)
 _STEP_HEAD_RE = re.compile(r"^step:(?P<step>\d+)/(?P<total>\d+)$")
 STEP_FIELDS = {  # key -> unit suffix of its value
     "val_loss": "",
     "train_loss": "",
     "train_time": "ms",
     "step_avg": "ms",
+    "hellaswag_acc_norm": "",
 }
 STEP_REQUIRED = ("train_time", "step_avg")
+EVAL_FIELDS = ("hellaswag_acc_norm",)  # a line of only these is an evaluation line (no times required)
 _STEP_VALUE_RE = re.compile(rf"^{_NUM}$")
 
 
@@ -109,7 +113,9 @@ def parse_step_line(line):
         if not _STEP_VALUE_RE.match(value):
             return None
         out[key] = value
-    if any(key not in out for key in STEP_REQUIRED):
+    keys = set(out) - {"step", "total"}
+    evaluation = bool(keys) and keys <= set(EVAL_FIELDS)
+    if not evaluation and (any(key not in out for key in STEP_REQUIRED) or keys & set(EVAL_FIELDS)):
         return None
     return out
 
@@ -154,7 +160,9 @@ class Run:
     tokens_per_s_per_gpu: float | None = None
     mfu_pct: float | None = None
     compile_warmup_s: float | None = None
+    hellaswag_acc_norm: float | None = None  # HellaSwag acc_norm of the evaluation line at the final step
     val_curve: list = field(default_factory=list)     # [(step, train_time_ms, val_loss)]
+    hellaswag_curve: list = field(default_factory=list)  # [(step, acc_norm)], logs with evaluation lines
     train_losses: list = field(default_factory=list)  # [(step, train_loss)], logs with train losses
     problems: list = field(default_factory=list)      # why the run is unusable or suspicious
 
@@ -214,7 +222,11 @@ def parse_log_text(text, path="<text>"):
         if line.startswith("step:"):
             header_done = True
             match = parse_step_line(line)
-            if match:
+            if match and "hellaswag_acc_norm" in match:
+                run.hellaswag_curve.append((match["step"], _float(match["hellaswag_acc_norm"])))
+                if match["step"] == match["total"]:
+                    run.hellaswag_acc_norm = _float(match["hellaswag_acc_norm"])
+            elif match:
                 step_matches.append(match)
             else:
                 cut_lines += 1
@@ -664,9 +676,10 @@ def render_markdown(result):
             rows.append([g["name"], r["name"], _fmt(r["source_hash"], "s"), _fmt(r["hardware"], "s"),
                          _fmt(r["torch"], "s"), _fmt(r["triton"], "s"), _fmt(r["cuda"], "s"), step,
                          _fmt(r["val_loss"], ".4f"), _fmt(r["train_time_s"], ".3f"), _fmt(r["step_avg_ms"], ".2f"),
-                         _fmt(r["peak_mem_allocated_mib"], "d"), "finished" if r["usable"] else "excluded"])
+                         _fmt(r["peak_mem_allocated_mib"], "d"), _fmt(r["hellaswag_acc_norm"], ".4f", "-"),
+                         "finished" if r["usable"] else "excluded"])
     out += _table(["Group", "File", "Source", "GPU", "torch", "triton", "CUDA", "Step", "Val-loss", "Time",
-                   "Step-avg-ms", "Peak-MiB", "Status"], rows)
+                   "Step-avg-ms", "Peak-MiB", "HellaSwag", "Status"], rows)
     out.append("")
     if result["warnings"]:
         out += ["## Warnings", ""] + [f"- {w}" for w in result["warnings"]] + [""]

@@ -162,12 +162,38 @@ def test_step_line_fields_in_any_order(line, expected):
     "step:3/10 train_time:90ms step_avg:30.00ms train_loss:4.1 train_loss:4.2",  # repeated key
     "step:3/10 train_time:90ms step_avg:30.00ms lr:0.1",  # unknown key
     "step:3/10 train_time:90s step_avg:30.00ms",          # wrong unit
+    "step:3/10 hellaswag_acc_norm:0.3 train_time:90ms",   # an evaluation field inside a timed line
+    "step:3/10 hellaswag_acc_norm:0.3 step_avg:30.00ms train_time:90ms",
+    "step:3/10 hellaswag_acc_norm:0.3 hellaswag_acc_norm:0.4",
+    "step:3/10 hellaswag_acc_norm:high",
     "step:3/10 val_loss:abc train_time:90ms step_avg:30.00ms",
     "step:3 train_time:90ms step_avg:30.00ms",
     "step:",
 ])
 def test_incomplete_step_lines_are_rejected(line):
     assert compare.parse_step_line(line) is None
+
+
+def test_evaluation_lines_are_parsed_apart_from_step_lines(tmp_path):
+    """train_gpt.py --hellaswag-every writes `step:S/T hellaswag_acc_norm:Y` (no times: the clock is stopped):
+    neither a cut-short step line nor a step of the curve; the value at the final step is the run's."""
+    assert compare.parse_step_line("step:4/10 hellaswag_acc_norm:0.2950") == \
+        {"step": 4, "total": 10, "hellaswag_acc_norm": "0.2950"}
+    text = (SEP + "\n" + "\n".join([
+        "step:0/4 val_loss:10.8258 train_time:0ms step_avg:nanms", "step:0/4 hellaswag_acc_norm:0.2500",
+        "step:1/4 train_time:30ms step_avg:30.00ms", "step:2/4 train_time:60ms step_avg:30.00ms",
+        "step:3/4 train_time:90ms step_avg:30.00ms", "step:4/4 train_time:120ms step_avg:30.00ms",
+        "step:4/4 val_loss:7.1234 train_time:121ms step_avg:30.25ms", "step:4/4 hellaswag_acc_norm:0.3125", ""]))
+    run = compare.parse_log_text(text, "eval.txt")
+    assert not any("cut short" in p for p in run.problems)
+    assert run.hellaswag_curve == [(0, 0.25), (4, 0.3125)]
+    assert (run.hellaswag_acc_norm, run.val_loss, run.last_step, run.finished) == (0.3125, 7.1234, 4, True)
+    assert [s for s, _, _ in run.val_curve] == [0, 4]
+    run.group = "g"
+    out = compare.render_markdown(compare.analyze({"g": [run]}, [], 5.0))
+    header = next(line for line in out.splitlines() if line.startswith("| Group | File"))
+    row = next(line for line in out.splitlines() if "| eval.txt |" in line)
+    assert row.split("|")[header.split("|").index(" HellaSwag ")].strip() == "0.3125"
 
 
 def test_log_with_train_loss_last_parses(tmp_path):

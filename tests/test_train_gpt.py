@@ -67,6 +67,8 @@ def _parse(log_path):
         if line.startswith("step:"):
             m = compare.parse_step_line(line)
             assert m is not None, f"malformed step line: {line!r}"
+            if "hellaswag_acc_norm" in m:  # an evaluation line (--hellaswag-every)
+                continue
             if "val_loss" in m:
                 vals[m["step"]] = m["val_loss"]
             else:
