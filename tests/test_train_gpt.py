@@ -259,6 +259,75 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     assert any(g is not None and g.abs().max() > 0 for g in grads.values())
 
 
+_WS2_GRADIENT_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {repo!r})
+import train_gpt as tg
+
+d = tg.setup_distributed()
+hp = tg.smoke_hyperparameters(param_dtype="float32", train_files={train!r}, val_files={val!r})
+tr = tg.Trainer(hp, d, tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+names = {{g.acc.data_ptr(): n for n, g in tr.opt.groups.items()}}
+shards, reduce_scatter_sum = {{}}, tg.reduce_scatter_sum
+
+def capture(dd, full):  # the summed gradient rows this rank's optimizer receives
+    work, shard = reduce_scatter_sum(dd, full)
+    if work is not None:
+        work.wait()
+    shards[names[full.data_ptr()]] = shard.clone()
+    return None, shard
+
+tg.reduce_scatter_sum = capture
+tied = tr.opt.tied
+loss = tr.train_step(0, want_loss=True)
+tr.loader.close()
+torch.save({{"loss": loss, "shards": shards, "tied": tied}}, {out!r} + f"/rank{{d.rank}}.pt")
+dist.destroy_process_group()
+"""
+
+
+def test_world_size_2_gradient_shards_are_the_global_batch_mean(smoke_data, tmp_path):
+    """Two gloo ranks (torchrun, CPU, fp32): the gradient rows each rank's optimizer receives after the
+    reduce-scatter of step 0 are its rows of the gradient of the MEAN loss over the whole global batch (8
+    micro-batches, autograd here in one process), padded rows zero; the logged train_loss is that mean. While
+    tied, the LM head's rows carry the embedding's gradient transposed into them. A rank that scaled by its own
+    4 micro-steps instead of 8, kept only its own micro-batches, or took another rank's rows fails."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+    script = tmp_path / "ws2_gradients.py"
+    script.write_text(_WS2_GRADIENT_SCRIPT.format(repo=str(REPO), train=hp.train_files, val=hp.val_files,
+                                                  out=str(tmp_path)))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+    tr = tg.Trainer(hp, tg.Dist(), tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+    mbs = tr.loader.next()
+    tr.loader.close()
+    names = list(tr.params)
+    losses = [tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}) for mb in mbs]
+    mean = sum(losses) / len(losses)
+    grads = dict(zip(names, torch.autograd.grad(mean, [tr.params[k] for k in names], allow_unused=True)))
+    assert ranks[0]["tied"] and ranks[1]["tied"]
+    grads["lm_head"] = grads["lm_head"] + grads["embed"].T  # what the tied step reduces into the head's rows
+    for rank in ranks:
+        assert abs(rank["loss"] - mean.item()) <= 1e-5 * mean.item(), (rank["loss"], mean.item())
+    assert set(ranks[0]["shards"]) == set(ranks[1]["shards"]) >= {"attn_bank", "mlp_bank", "lm_head", "scalars"}
+    for name in ranks[0]["shards"]:
+        g = grads[name]
+        k = -(-g.shape[0] // 2)
+        full = torch.zeros((2 * k, *g.shape[1:]), dtype=torch.float32)
+        full[:g.shape[0]] = g
+        scale = max(g.abs().max().item(), 1e-30)
+        for r, rank in enumerate(ranks):
+            assert_close_report(rank["shards"][name], full[r * k:(r + 1) * k], atol=1e-5 * scale,
+                                name=f"rank {r} gradient rows of {name}")
+
+
 def _perturbed_params(hp, seed, device="cpu"):
     """init_params with the zero-initialised tensors filled, so every path of the forward matters."""
     p = tg.init_params(hp, torch.device("cpu"), seed)
