@@ -27,14 +27,16 @@ slices of the banks), so all layers share the compiled code. Attention is flex_a
 sliding-window BlockMask built on the device from the BOS positions (no host sync).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
-fp32 buffers (one rounding of each bf16 partial), reduce-scattered in fp32 along dim 0 (padded to a multiple
-of the world size), then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
+fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
+dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
+backward as soon as its gradient is complete, the others in the optimizer step), then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
 kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
 normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters
 (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
 all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and updated only every `adam_every` steps,
-on the gradients summed since their last update. While tied, kernels.transpose.transpose_add folds the embedding gradient into
-the LM head gradient and kernels.transpose.transpose_copy writes the head back into the embedding.
+on the gradients summed since their last update. While tied, kernels.transpose.transpose_add folds the
+embedding gradient into the LM head gradient and kernels.transpose.transpose_copy writes the head back into the
+embedding.
 
 Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
 slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
@@ -703,6 +705,12 @@ class Optimizer:
         self.groups = {n: Group(n, params[n], d) for n in ORDER}
         self.tied = True
         self.pending = False  # the ADAM_SLOW accumulators hold gradients of skipped steps
+        # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
+        # each group's reduce-scatter starts as soon as its gradient is complete (hook below); step() starts
+        # the others. launched: name -> (work, shard); tied_final: which of embed / lm_head are complete.
+        self.final, self.launched, self.tied_final = None, {}, set()
+        for g in self.groups.values():
+            g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
         attn, mlp = self.groups["attn_bank"], self.groups["mlp_bank"]
         attn.lr_mul = torch.ones(attn.k, dtype=torch.float32, device=d.device)
         idx = torch.arange(mlp.lo, mlp.lo + mlp.k, device=d.device)
@@ -711,15 +719,39 @@ class Optimizer:
 
     @torch.no_grad()
     def accumulate(self):
-        """After each micro-step's backward: acc += grad (fp32 add, one rounding); frees the bf16 grads."""
+        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
+        gradients set by hand (tests); in a backward the hook below has done this already."""
         for g in self.groups.values():
             if g.param.grad is not None:
                 g.acc[:g.rows].add_(g.param.grad)
                 g.param.grad = None
 
+    @torch.no_grad()
+    def _grad_ready(self, g):
+        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it
+        into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
+        reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
+        gradients (the embedding's is added to it first, as step() would)."""
+        if g.param.grad is None:
+            return
+        g.acc[:g.rows].add_(g.param.grad)
+        g.param.grad = None
+        if self.final is None or (g.name in ADAM_SLOW and not self.final):
+            return
+        if self.tied and g.name in ("embed", "lm_head"):
+            self.tied_final.add(g.name)
+            if len(self.tied_final) < 2:
+                return
+            head, emb = self.groups["lm_head"], self.groups["embed"]
+            transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
+            g = head
+        self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
+
     def reset(self):
         self.tied = True
         self.pending = False
+        self.final, self.launched = None, {}
+        self.tied_final.clear()
         for g in self.groups.values():
             g.acc.zero_()
             g.reset_state()
@@ -747,20 +779,22 @@ class Optimizer:
     def step(self, step, lr_mul, momentum, slow=True):
         """One optimizer step on the accumulated gradients. slow=False leaves the ADAM_SLOW groups alone: their
         accumulators keep summing until the next step with slow=True, which updates them at its lr (the summed
-        gradient is not averaged, as in the public record). Order: every reduce-scatter is launched; the Adam
-        groups' updates wait for all Adam reduce-scatters and run as one fused_adamw_multi_step call, then their
-        all-gathers start while Muon works on the banks."""
+        gradient is not averaged, as in the public record). Order: the reduce-scatters the last backward did not
+        start are started in ORDER; the Adam groups' updates wait for all Adam reduce-scatters and run as one
+        fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
         names = [n for n in ORDER if slow or n not in ADAM_SLOW]
-        if slow and self.tied:
+        if self.final is not None and self.final != slow:
+            raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
+        if slow and self.tied and "lm_head" not in self.launched:
             transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
                           self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
-        launched = []
-        for name in names:
-            if name == "embed" and self.tied:
-                continue
-            g = self.groups[name]
-            launched.append((g, *reduce_scatter_sum(d, g.acc)))
+        for name in names:  # the reduce-scatters the backward did not start, in ORDER
+            if name not in self.launched and not (name == "embed" and self.tied):
+                self.launched[name] = reduce_scatter_sum(d, self.groups[name].acc)
+        launched = [(self.groups[n], *self.launched[n]) for n in names if n in self.launched]
+        self.final, self.launched = None, {}
+        self.tied_final.clear()
         adam = []
         for g, work, grad in launched:
             if g.name not in MUON_NAMES:
@@ -1153,13 +1187,16 @@ class Trainer:
             self.opt.untie()
         windows = windows_at(hp, step)
         total = None
-        for mb in self.loader.next():
+        slow = slow_adam_step(hp, step)
+        mbs = self.loader.next()
+        for i, mb in enumerate(mbs):
+            if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
+                self.opt.final = slow
             loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache) / SLOTS
-            loss.backward()
-            self.opt.accumulate()
+            loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
-        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow_adam_step(hp, step))
+        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
         if want_loss:
             if self.d.world > 1:
                 dist.all_reduce(total)

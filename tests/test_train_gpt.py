@@ -238,15 +238,23 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     accs = {}
     step = tr.opt.step
 
-    def capture(*args):
+    started = set()
+
+    def capture(*args, **kwargs):
         accs.update({k: g.acc[:g.rows].clone() for k, g in tr.opt.groups.items()})
-        return step(*args)
+        started.update(tr.opt.launched)
+        return step(*args, **kwargs)
 
     tr.opt.step = capture
     loss = tr.train_step(0, want_loss=True)
     tr.loader.close()
     assert abs(loss - mean.item()) <= 1e-5 * mean.item(), (loss, mean.item())
+    # every due reduce-scatter was started inside the backward (embed is folded into lm_head while tied)
+    assert started == set(tg.ORDER) - {"embed"}, started
     assert abs(mean.item() - math.log(hp.vocab_size)) < 0.05, mean.item()
+    # Tied at step 0: the last micro-step's backward folds the embedding's gradient into the head's (transposed)
+    # before starting the head's reduce-scatter, so the head's accumulator holds the tied gradient.
+    grads["lm_head"] = grads["lm_head"] + grads["embed"].T
     for k, g in grads.items():
         if g is None:
             continue
@@ -447,18 +455,21 @@ def test_profile_table_categorises_kernels():
     assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
 
 
-def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_run, smoke_data, tmp_path):
-    """--profile-steps 1 on the smoke run: a trace per stage and a table in the log, then the same loss lines
-    as the shared run without profiling (the profiled steps are followed by a full reset)."""
-    _, log_path, _ = smoke_run
-    _, steps_ref, vals_ref = _parse(log_path)
-    log2, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "prof", "--profile-steps", "1"))
+def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):
+    """--profile-steps 1 on a 2-step smoke run (two stages of one step): a trace per stage and a table in the log,
+    then the same loss lines as the same run without profiling (the profiled steps are followed by a reset)."""
+    short = ("--steps", "2", "--extension-steps", "0", "--val-every", "0")
+    log_ref, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "noprof", *short))
+    log2, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "prof", *short, "--profile-steps", "1"))
+    _, steps_ref, vals_ref = _parse(log_ref)
     text, steps, vals = _parse(log2)
-    n_stages = len(tg.stage_bounds(tg.smoke_hyperparameters()))
-    for i in range(n_stages):
-        assert f"profile_stage{i}: steps " in text
+    events = text.split("\n" + "=" * 100 + "\n")[-1]  # after the source dump and the header
+    for i in (0, 1):
+        assert f"profile_stage{i}: steps {i}..{i}, trace " in events
         assert (Path(log2).parent / f"prof_profile_stage{i}_rank0.json").is_file()
-    assert text.count("  by category: ") == n_stages and "idle" in text
+    assert "profile_stage2" not in events, "the empty extension stage is not profiled"
+    assert events.count("  by category: ") == 2 and events.count(" idle ") == 2
+    assert sorted(steps) == [1, 2] and sorted(vals) == [2]
     if not HAS_CUDA:
         assert steps == steps_ref and vals == vals_ref, "profiling changed the run"
 
