@@ -29,11 +29,11 @@ sliding-window BlockMask built on the device from the BOS positions (no host syn
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
-backward as soon as its gradient is complete, the others in the optimizer step), then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
-kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
-normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters
-(kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
-all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and updated only every `adam_every` steps,
+backward as soon as its gradient is complete, the others in the optimizer step), then per shard: Muon for the
+two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
+kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
+bf16 cast) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_multi_step, all Adam groups in one call)
+for the rest; the updated shards are all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and updated only every `adam_every` steps,
 on the gradients summed since their last update. While tied, kernels.transpose.transpose_add folds the
 embedding gradient into the LM head gradient and kernels.transpose.transpose_copy writes the head back into the
 embedding.
