@@ -33,10 +33,10 @@ backward as soon as its gradient is complete, the others in the optimizer step),
 two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
 kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
 bf16 cast) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_multi_step, all Adam groups in one call)
-for the rest; the updated shards are all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and updated only every `adam_every` steps,
-on the gradients summed since their last update. While tied, kernels.transpose.transpose_add folds the
-embedding gradient into the LM head gradient and kernels.transpose.transpose_copy writes the head back into the
-embedding.
+for the rest; the updated shards are all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and
+updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
+kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
+kernels.transpose.transpose_copy writes the head back into the embedding.
 
 Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
 slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
