@@ -4,6 +4,7 @@ Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 
       python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
       python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001510    (data: python data/hellaswag.py)
+      python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
@@ -26,12 +27,16 @@ slices of the banks), so all layers share the compiled code. Attention is flex_a
 sliding-window BlockMask built on the device from the BOS positions (no host sync).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
-fp32 buffers (one rounding of each bf16 partial), reduce-scattered in fp32 along dim 0 (padded to a multiple
-of the world size), then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
-kernels.polar_express.polar_express(normalized=True) -> NorMuon row/column normalisation -> cautious weight
-decay on an fp32 master) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_step) for the rest; the
-updated shards are all-gathered. While tied, kernels.transpose.transpose_add folds the embedding gradient into
-the LM head gradient and kernels.transpose.transpose_copy writes the head back into the embedding.
+fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
+dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
+backward as soon as its gradient is complete, the others in the optimizer step), then per shard: Muon for the
+two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
+kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
+bf16 cast) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_multi_step, all Adam groups in one call)
+for the rest; the updated shards are all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and
+updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
+kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
+kernels.transpose.transpose_copy writes the head back into the embedding.
 
 Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
 slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
@@ -76,10 +81,11 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
-from kernels.adam import fused_adamw_step
+from kernels.adam import fused_adamw_multi_step
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import ceilings_for, git_sha
 from kernels.momentum import nesterov_momentum
+from kernels.normuon import normuon_update
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_copy
 
@@ -136,6 +142,9 @@ class Hyperparameters:
     adam_lr: float = 0.008  # AdamW learning rate (before the schedule's lr factor)
     adam_eps: float = 1e-10  # AdamW epsilon added to sqrt(v)
     adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
+    # optimizer / profiling
+    adam_every: int = 2  # embeddings/head (ADAM_SLOW) step every N steps on the N summed grads (1: every step)
+    profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
@@ -177,7 +186,8 @@ def smoke_hyperparameters(**overrides):
         num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
         ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
         scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
-        val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True)
+        val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
+        adam_every=1)  # 10 steps are too few to learn the rule with half as many embedding updates
     return dataclasses.replace(hp, **overrides)
 
 
@@ -243,6 +253,12 @@ def muon_momentum(hp, step):
     if step > cd_start:
         return hi - (hi - lo) * (step - cd_start) / hp.muon_cooldown_steps
     return hi
+
+
+def slow_adam_step(hp, step):
+    """Whether the ADAM_SLOW groups are reduced and updated at this step: every adam_every-th step (the last of
+    each period, as the public record's odd steps for adam_every=2) and always the last step of the run."""
+    return step % hp.adam_every == hp.adam_every - 1 or step == hp.total_steps - 1
 
 
 def untie_step(hp):
@@ -629,6 +645,9 @@ ADAM_TABLE = {
     "embed": (1.0, (0.5, 0.95), 150.0),
 }
 MUON_NAMES = ("attn_bank", "mlp_bank")
+# Adam groups stepped only every adam_every steps (slow_adam_step): the big embedding-like tables, whose
+# reduce-scatter, update and all-gather dominate the Adam traffic. Names not in ORDER are ignored.
+ADAM_SLOW = frozenset({"embed", "lm_head", "value_embeds", "bigram_embed"})
 # Reduce order: small Adam tensors first, then the big ones whose update waits longest; embed after lm_head.
 ORDER = ("scalars", "attn_gate", "ve_gate", "lm_head", "value_embeds", "embed", "attn_bank", "mlp_bank")
 
@@ -658,7 +677,7 @@ class Group:
     def reset_state(self):
         p = self.param.detach()
         self.master = self.shard_of(p)  # fp32 master of my rows
-        self.shard_param = self.master.to(p.dtype)
+        self.sync_shard_param()
         self.step = 0
         if self.name in MUON_NAMES:
             M, N = p.shape[1:]
@@ -668,6 +687,12 @@ class Group:
         else:
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
+
+    def sync_shard_param(self):
+        """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
+        (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard."""
+        copy = self.name in MUON_NAMES
+        self.shard_param = self.master.to(self.param.dtype, copy=copy)
 
     def state_tensors(self):
         keys = ("master", "mom", "v2") if self.name in MUON_NAMES else ("master", "exp_avg", "exp_avg_sq")
@@ -679,21 +704,54 @@ class Optimizer:
         self.hp, self.d = hp, d
         self.groups = {n: Group(n, params[n], d) for n in ORDER}
         self.tied = True
-        mlp = self.groups["mlp_bank"]
+        self.pending = False  # the ADAM_SLOW accumulators hold gradients of skipped steps
+        # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
+        # each group's reduce-scatter starts as soon as its gradient is complete (hook below); step() starts
+        # the others. launched: name -> (work, shard); tied_final: which of embed / lm_head are complete.
+        self.final, self.launched, self.tied_final = None, {}, set()
+        for g in self.groups.values():
+            g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
+        attn, mlp = self.groups["attn_bank"], self.groups["mlp_bank"]
+        attn.lr_mul = torch.ones(attn.k, dtype=torch.float32, device=d.device)
         idx = torch.arange(mlp.lo, mlp.lo + mlp.k, device=d.device)
         # Per-matrix lr multiplier of my mlp_bank rows: odd global indices are W_proj^T.
-        self.mlp_lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul, 1.0).float()[:, None, None]
+        mlp.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul, 1.0).float()
 
     @torch.no_grad()
     def accumulate(self):
-        """After each micro-step's backward: acc += grad (fp32 add, one rounding); frees the bf16 grads."""
+        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
+        gradients set by hand (tests); in a backward the hook below has done this already."""
         for g in self.groups.values():
             if g.param.grad is not None:
                 g.acc[:g.rows].add_(g.param.grad)
                 g.param.grad = None
 
+    @torch.no_grad()
+    def _grad_ready(self, g):
+        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it
+        into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
+        reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
+        gradients (the embedding's is added to it first, as step() would)."""
+        if g.param.grad is None:
+            return
+        g.acc[:g.rows].add_(g.param.grad)
+        g.param.grad = None
+        if self.final is None or (g.name in ADAM_SLOW and not self.final):
+            return
+        if self.tied and g.name in ("embed", "lm_head"):
+            self.tied_final.add(g.name)
+            if len(self.tied_final) < 2:
+                return
+            head, emb = self.groups["lm_head"], self.groups["embed"]
+            transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
+            g = head
+        self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
+
     def reset(self):
         self.tied = True
+        self.pending = False
+        self.final, self.launched = None, {}
+        self.tied_final.clear()
         for g in self.groups.values():
             g.acc.zero_()
             g.reset_state()
@@ -701,6 +759,9 @@ class Optimizer:
     def untie(self):
         """Give the embedding the LM head's (transposed) Adam state, then update both separately."""
         head, emb = self.groups["lm_head"], self.groups["embed"]
+        if self.pending:  # gradients of skipped tied steps: fold the embedding's into the head's, as a tied step does
+            transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
+            emb.acc.zero_()
         full = {}
         for key in ("master", "exp_avg", "exp_avg_sq"):
             buf = torch.empty((head.rows_pad, *head.param.shape[1:]), dtype=torch.float32, device=self.d.device)
@@ -710,31 +771,44 @@ class Optimizer:
             full[key] = buf[:head.rows].T
         for key, t in full.items():
             setattr(emb, key, emb.shard_of(t))
-        emb.shard_param = emb.master.to(emb.param.dtype)
+        emb.sync_shard_param()
         emb.step = head.step
         self.tied = False
 
     @torch.no_grad()
-    def step(self, step, lr_mul, momentum):
+    def step(self, step, lr_mul, momentum, slow=True):
+        """One optimizer step on the accumulated gradients. slow=False leaves the ADAM_SLOW groups alone: their
+        accumulators keep summing until the next step with slow=True, which updates them at its lr (the summed
+        gradient is not averaged, as in the public record). Order: the reduce-scatters the last backward did not
+        start are started in ORDER; the Adam groups' updates wait for all Adam reduce-scatters and run as one
+        fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
-        if self.tied:
+        names = [n for n in ORDER if slow or n not in ADAM_SLOW]
+        if self.final is not None and self.final != slow:
+            raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
+        if slow and self.tied and "lm_head" not in self.launched:
             transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
                           self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
-        pending = []
-        for name in ORDER:
-            if name == "embed" and self.tied:
-                continue
-            g = self.groups[name]
-            pending.append((g, *reduce_scatter_sum(d, g.acc)))
-        gathers = []
-        for g, work, grad in pending:
-            if work is not None:
-                work.wait()
+        for name in names:  # the reduce-scatters the backward did not start, in ORDER
+            if name not in self.launched and not (name == "embed" and self.tied):
+                self.launched[name] = reduce_scatter_sum(d, self.groups[name].acc)
+        launched = [(self.groups[n], *self.launched[n]) for n in names if n in self.launched]
+        self.final, self.launched = None, {}
+        self.tied_final.clear()
+        adam = []
+        for g, work, grad in launched:
+            if g.name not in MUON_NAMES:
+                if work is not None:
+                    work.wait()
+                adam.append((g, grad))
+        self._adam(adam, lr_mul)
+        gathers = [(g, all_gather_rows(d, g.shard_param, g.gathered)) for g, _ in adam]
+        for g, work, grad in launched:
             if g.name in MUON_NAMES:
+                if work is not None:
+                    work.wait()
                 self._muon(g, grad, lr_mul, momentum)
-            else:
-                self._adam(g, grad, lr_mul)
-            gathers.append((g, all_gather_rows(d, g.shard_param, g.gathered)))
+                gathers.append((g, all_gather_rows(d, g.shard_param, g.gathered)))
         for g, work in gathers:
             if work is not None:
                 work.wait()
@@ -742,20 +816,31 @@ class Optimizer:
                 g.param.data.copy_(g.gathered[:g.rows])
             if g.name == "lm_head" and self.tied:
                 transpose_copy(g.param.data, self.groups["embed"].param.data)
-        for g in self.groups.values():
-            g.acc.zero_()
+        for name in names:
+            self.groups[name].acc.zero_()
+        self.pending = not slow
 
-    def _adam(self, g, grad, lr_mul):
+    def _adam(self, items, lr_mul):
+        """All Adam groups of this step in one fused_adamw_multi_step call (one launch per dtype group: fp32
+        params without masters, bf16 params with fp32 masters). items: [(group, fp32 gradient shard)]."""
         hp = self.hp
-        mul, (b1, b2), wd_mul = ADAM_TABLE[g.name]
-        lr = hp.adam_lr * mul * lr_mul
-        g.step += 1
-        masters = [g.master] if g.shard_param.dtype != torch.float32 else [None]
-        params = [g.shard_param] if masters[0] is not None else [g.master]
-        fused_adamw_step(params, [grad], [g.exp_avg], [g.exp_avg_sq], masters, lr=lr, beta1=b1, beta2=b2,
-                         eps=hp.adam_eps, weight_decay=hp.adam_wd * wd_mul * lr, step=g.step)
-        if masters[0] is None:
-            g.shard_param = g.master  # fp32 parameters: the master is the parameter shard
+        params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
+        for g, grad in items:
+            mul, (b1, b2), wd_mul = ADAM_TABLE[g.name]
+            lr = hp.adam_lr * mul * lr_mul
+            g.step += 1
+            fp32 = g.shard_param.dtype == torch.float32  # fp32 parameters: the master is the parameter shard
+            params.append(g.master if fp32 else g.shard_param)
+            masters.append(None if fp32 else g.master)
+            grads.append(grad)
+            exp_avgs.append(g.exp_avg)
+            exp_avg_sqs.append(g.exp_avg_sq)
+            hparams.append(dict(lr=lr, beta1=b1, beta2=b2, eps=hp.adam_eps, weight_decay=hp.adam_wd * wd_mul * lr,
+                                step=g.step))
+            if fp32:
+                g.shard_param = g.master
+        if params:
+            fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
 
     def _muon(self, g, grad, lr_mul, momentum):
         hp = self.hp
@@ -764,35 +849,35 @@ class Optimizer:
         # On the CPU the kernel's PyTorch reference stands in: Triton's interpreter needs ~25 s per smoke-sized
         # call (and cannot multiply bf16); every other optimizer kernel runs in the interpreter.
         pe = polar_express if x.device.type == "cuda" else polar_express_ref
-        o = pe(x, normalized=True).float()  # (k, M, N), ~orthogonal
-        # NorMuon: per-row (tall/square) or per-column (wide) second moment, keeping the Frobenius norm.
-        red = -1 if M >= N else -2
-        mean_sq = o.square().mean(dim=red, keepdim=True)
-        g.v2.lerp_(mean_sq, 1 - hp.muon_beta2)
-        u = o * g.v2.clamp_min(1e-10).rsqrt()
-        norm_o = o.square().sum(dim=(-2, -1), keepdim=True).sqrt()
-        norm_u = u.square().sum(dim=(-2, -1), keepdim=True).sqrt().clamp_min(1e-10)
-        u = u * (norm_o / norm_u)
+        o = pe(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
-        lr_t = self.mlp_lr_mul * lr if g.name == "mlp_bank" else lr
-        # Cautious weight decay: only where the update and the weight agree in sign (the step shrinks it).
-        mask = (u * g.master) >= 0
-        g.master.sub_(lr_t * (u + mask * g.master * (hp.muon_wd * hp.muon_lr * lr_mul)))
-        g.shard_param = g.master.to(g.param.dtype)
+        # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
+        # the cast to the parameter dtype, fused (kernels.normuon; also on the CPU, in the interpreter: 0.3 s and
+        # 0.7 s for the smoke banks on a 2-core CPU, against ~10 s for the rest of a smoke step).
+        normuon_update(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+                       wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
-        return {"tied": self.tied,
-                "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
-                           for n, g in self.groups.items()}}
+        """Per rank. Between two slow Adam steps (pending) the ADAM_SLOW accumulators (this rank's unreduced
+        gradient sums) are part of the state, so a resumed run continues bitwise."""
+        sd = {"tied": self.tied, "pending": self.pending,
+              "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
+                         for n, g in self.groups.items()}}
+        if self.pending:
+            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if n in ADAM_SLOW}
+        return sd
 
     def load_state_dict(self, sd):
         self.tied = sd["tied"]
+        self.pending = sd.get("pending", False)
+        for n, acc in sd.get("acc", {}).items():
+            self.groups[n].acc.copy_(acc)
         for n, s in sd["groups"].items():
             g = self.groups[n]
             g.step = s["step"]
             for k in g.state_tensors():
                 setattr(g, k, s[k].to(self.d.device))
-            g.shard_param = g.master.to(g.param.dtype)
+            g.sync_shard_param()
 
 
 # -----------------------------------------------------------------------------
@@ -1073,6 +1158,8 @@ class Trainer:
     def __init__(self, hp, d, train_files, val_files):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
+        if hp.adam_every < 1:
+            raise ValueError(f"adam_every must be >= 1, got {hp.adam_every}")
         self.params = init_params(hp, d.device, hp.seed)
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
         self.opt = Optimizer(hp, self.params, d)
@@ -1100,13 +1187,16 @@ class Trainer:
             self.opt.untie()
         windows = windows_at(hp, step)
         total = None
-        for mb in self.loader.next():
+        slow = slow_adam_step(hp, step)
+        mbs = self.loader.next()
+        for i, mb in enumerate(mbs):
+            if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
+                self.opt.final = slow
             loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache) / SLOTS
-            loss.backward()
-            self.opt.accumulate()
+            loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
-        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step))
+        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
         if want_loss:
             if self.d.world > 1:
                 dist.all_reduce(total)
@@ -1125,14 +1215,16 @@ class Trainer:
 
 
 def warmup(trainer):
-    """Untimed: one step of every stage (every batch shape, window, tied and untied optimizer) and one
-    validation micro-batch, so compilation and autotuning happen here; then a full state reset."""
+    """Untimed: adam_every steps from every stage start (every batch shape and window, steps with and without the
+    slow Adam groups, tied and untied optimizer) and one validation micro-batch, so compilation and autotuning
+    happen here; then a full state reset."""
     hp = trainer.hp
     t0 = time.perf_counter()
     starts = [start for start, _, _ in stage_bounds(hp)]
     for s in starts:
         trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": s})
-        trainer.train_step(s, want_loss=False)
+        for t in range(s, s + hp.adam_every):  # a step with and one without the slow Adam groups
+            trainer.train_step(t, want_loss=False)
     if trainer.opt.tied:
         trainer.opt.untie()  # exercise the untie path and the untied step
     trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": starts[-1]})
@@ -1277,6 +1369,96 @@ def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmu
                                                          if extra else ""))
 
 
+# Profiling (--profile-steps N): kernel name patterns -> category, first match wins (lower-case substrings).
+# Our optimizer kernels come first: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer.
+PROFILE_CATEGORIES = (
+    ("communication", ("nccl", "all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather",
+                       "allgather", "gloo", "c10d::")),
+    ("optimizer", ("_adamw_kernel", "_momentum_", "_normuon_", "_gram_kernel", "_gemm_epilogue_kernel",
+                   "_normalize_kernel", "_transpose_kernel")),
+    ("attention", ("flex_attention", "flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "_mm_",
+                "fused_mm", "matmul")),
+)
+PROFILE_TOP = 15  # kernels listed by total time
+
+
+def kernel_category(name):
+    low = name.lower()
+    for category, patterns in PROFILE_CATEGORIES:
+        if any(p in low for p in patterns):
+            return category
+    return "elementwise/other"
+
+
+def busy_us(intervals):
+    """Length of the union of [start, end) intervals (kernels on several streams overlap)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def profile_table(kernels, wall_us, n_steps, top=PROFILE_TOP):
+    """Lines of the profile summary. kernels: [(name, start_us, end_us)] of the device (or, on the CPU, the
+    top-level operators); wall_us: wall time of the n_steps profiled steps. Idle = wall - busy (union)."""
+    per_name, per_cat = {}, {c: 0.0 for c, _ in PROFILE_CATEGORIES}
+    per_cat["elementwise/other"] = 0.0
+    for name, a, b in kernels:
+        t, n = per_name.get(name, (0.0, 0))
+        per_name[name] = (t + (b - a), n + 1)
+        per_cat[kernel_category(name)] += b - a
+    busy = busy_us([(a, b) for _, a, b in kernels])
+    lines = [f"profile: {n_steps} steps, wall {wall_us / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms "
+             f"(per step: {wall_us / 1e3 / max(n_steps, 1):.2f} ms)",
+             f"  {'total ms':>9} {'%wall':>6} {'calls':>6}  category           kernel"]
+    for name, (t, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"  {t / 1e3:9.3f} {100 * t / max(wall_us, 1e-9):6.1f} {n:6d}  {kernel_category(name):<18} "
+                     f"{name[:100]}")
+    per_cat["idle"] = max(wall_us - busy, 0.0)
+    lines.append("  by category: " + "  ".join(f"{c} {t / 1e3:.2f} ms ({100 * t / max(wall_us, 1e-9):.1f}%)"
+                                               for c, t in per_cat.items()))
+    return lines, per_cat
+
+
+def profile_stages(trainer, log):
+    """--profile-steps N: before the timed run, N steps from each stage start under torch.profiler (a chrome
+    trace per stage and rank next to the log, a table in the log), then a full state reset as after the compile
+    warmup. Untimed: the record's train time never includes the profiler. The steps start from the initial
+    weights, not from the weights the run has at that stage: kernel times depend on shapes, not values."""
+    hp, d = trainer.hp, trainer.d
+    cuda = d.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    for i, (start, end, _) in enumerate(stage_bounds(hp)):
+        if start >= end:
+            continue
+        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": start})
+        n = min(hp.profile_steps, hp.total_steps - start)
+        with torch.profiler.profile(activities=activities) as prof:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for step in range(start, start + n):
+                trainer.train_step(step, want_loss=False)
+            if cuda:
+                torch.cuda.synchronize()
+            wall_us = 1e6 * (time.perf_counter() - t0)
+        trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
+        prof.export_chrome_trace(str(trace))
+        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == device_type and (cuda or e.cpu_parent is None)]
+        lines, _ = profile_table(kernels, wall_us, n)
+        log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
+            + ("" if cuda else " (CPU: top-level operators, not GPU kernels)"))
+        for line in lines:
+            log(line)
+    trainer.loader.close()
+    trainer.reset()
+
+
 def run_training(hp, args, d):
     """One training run: files, log header, trainer, compile warmup, optional resume, timed loop, footer.
     Returns (log path, checkpoint folder)."""
@@ -1287,6 +1469,9 @@ def run_training(hp, args, d):
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
     graphs_after_warmup = compile_warmup(trainer, log)
+    if hp.profile_steps > 0:
+        profile_stages(trainer, log)
+        graphs_after_warmup = unique_graphs() if hp.compile else 0
     start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

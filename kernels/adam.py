@@ -30,8 +30,8 @@ step. No host synchronization.
 Shapes and dtypes: any shapes (treated as flat, contiguous); params fp32 / bf16 / fp16; grads any of those
 (the trainer may hand fp32 grads of bf16 params); exp_avg, exp_avg_sq and master fp32.
 
-Used by ``train_gpt.py``: :class:`FusedAdamW` for the embedding / head / scalar parameters, or
-:func:`fused_adamw_step` on the trainer's own sharded flat buffers. ``python -m kernels.bench --only adam``
+Used by ``train_gpt.py``: :func:`fused_adamw_multi_step` (per-tensor hyperparameters) on the trainer's own sharded
+buffers; :class:`FusedAdamW` wraps the same launches as a torch optimizer. ``python -m kernels.bench --only adam``
 times it (24M bf16 parameters with fp32 masters: 28 bytes/element, ~157 us at 4.3 TB/s on an H200).
 """
 import collections
@@ -385,6 +385,19 @@ def fused_adamw_step(params, grads, exp_avgs, exp_avg_sqs, masters, *, lr, beta1
     _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
     hp = adamw_coefficients(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=step)
     _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, [hp] * len(params), config=config)
+
+
+def fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, *, config=None):
+    """Like :func:`fused_adamw_step`, with hyperparameters per tensor: ``hparams[i]`` is a dict of lr, beta1,
+    beta2, eps, weight_decay and step for tensor i. Still one launch per (param dtype, grad dtype, has master):
+    where the tensors of a launch differ, their coefficients go in the kernel's per-tensor table. ``train_gpt.py``
+    updates all its Adam groups with one call per step (two launches: fp32 gates/scalars without masters, bf16
+    embeddings/head with fp32 masters)."""
+    _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
+    if len(hparams) != len(params):
+        raise ValueError(f"fused_adamw_multi_step: hparams has {len(hparams)} entries, params has {len(params)}")
+    hps = [adamw_coefficients(**h) for h in hparams]
+    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, config=config)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import adam
-from kernels.adam import FusedAdamW, fused_adamw_ref, fused_adamw_step
+from kernels.adam import FusedAdamW, fused_adamw_multi_step, fused_adamw_ref, fused_adamw_step
 from tests.tolerances import UNIT_ROUNDOFF, assert_all_written, assert_close_report, nan_like, shifted_randn
 
 HAS_CUDA = torch.cuda.is_available()
@@ -130,6 +130,30 @@ def test_many_tiny_tensors_one_launch(device, monkeypatch):
     fused_adamw_step(params, grads, ms, vs, ws, step=5, **HP)
     assert launches == [300]
     _check_against_ref(params, grads, ms, vs, ws, before, step=5, **HP)
+
+
+def test_multi_step_per_tensor_hyperparameters(device, monkeypatch):
+    """train_gpt.py's call: fp32 params without masters and bf16 params with masters, each tensor with its own lr,
+    betas, decay and step count: one launch per dtype group, every tensor bitwise equal to the reference with
+    its own hyperparameters (a shared or shifted table row would change the bits)."""
+    shapes = [(37,), (5, 12), (300,), (2, 33, 7), (1151,)]
+    p32, g32, m32, v32, w32 = _tensors(shapes[:2], torch.float32, device, seed=21)
+    p16, g16, m16, v16, w16 = _tensors(shapes[2:], torch.bfloat16, device, seed=22)
+    params, grads, ms, vs, ws = p32 + p16, g32 + g16, m32 + m16, v32 + v16, w32 + w16
+    grads = [g.float() for g in grads]  # the trainer's fp32 accumulators
+    hps = [dict(lr=1e-3 * (i + 1), beta1=(0.9, 0.5, 0.75, 0.9, 0.5)[i], beta2=(0.99, 0.95, 0.95, 0.999, 0.9)[i],
+                eps=1e-10, weight_decay=0.01 * i, step=3 + i) for i in range(len(shapes))]
+    before = _snapshot(params, grads, ms, vs, ws)
+    launches = []
+    real_launch = adam._launch
+    monkeypatch.setattr(adam, "_launch", lambda *a, **k: (launches.append(len(a[0])), real_launch(*a, **k)))
+    fused_adamw_multi_step(params, grads, ms, vs, ws, hps)
+    assert sorted(launches) == [2, 3]
+    for i in range(len(shapes)):
+        _check_against_ref(params[i:i + 1], grads[i:i + 1], ms[i:i + 1], vs[i:i + 1], ws[i:i + 1], before[i:i + 1],
+                           **hps[i])
+    with pytest.raises(ValueError, match="hparams has 4 entries, params has 5"):
+        fused_adamw_multi_step(params, grads, ms, vs, ws, hps[:4])
 
 
 def test_step_one_closed_form(device):

@@ -6,7 +6,7 @@ import pytest
 from benchmarks import families
 from tests.conftest import HAS_CUDA
 
-KERNEL_FAMILIES = {"adam", "embedding", "momentum", "polar_express", "transpose"}
+KERNEL_FAMILIES = {"adam", "embedding", "momentum", "normuon", "polar_express", "transpose"}
 
 
 def test_driver_finds_every_family():

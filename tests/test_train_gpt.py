@@ -240,15 +240,23 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     accs = {}
     step = tr.opt.step
 
-    def capture(*args):
+    started = set()
+
+    def capture(*args, **kwargs):
         accs.update({k: g.acc[:g.rows].clone() for k, g in tr.opt.groups.items()})
-        return step(*args)
+        started.update(tr.opt.launched)
+        return step(*args, **kwargs)
 
     tr.opt.step = capture
     loss = tr.train_step(0, want_loss=True)
     tr.loader.close()
     assert abs(loss - mean.item()) <= 1e-5 * mean.item(), (loss, mean.item())
+    # every due reduce-scatter was started inside the backward (embed is folded into lm_head while tied)
+    assert started == set(tg.ORDER) - {"embed"}, started
     assert abs(mean.item() - math.log(hp.vocab_size)) < 0.05, mean.item()
+    # Tied at step 0: the last micro-step's backward folds the embedding's gradient into the head's (transposed)
+    # before starting the head's reduce-scatter, so the head's accumulator holds the tied gradient.
+    grads["lm_head"] = grads["lm_head"] + grads["embed"].T
     for k, g in grads.items():
         if g is None:
             continue
@@ -392,6 +400,149 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     for k in tg.MUON_NAMES:
         assert_close_report(p2[k], p1[k], atol=lr * 2 ** -6, name=f"param {k} after step")
         assert not torch.equal(p1[k], _perturbed_params(hp, seed=3, device=device)[k]), f"{k} did not move"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Adam every other step (ADAM_SLOW groups)
+
+
+def test_slow_adam_schedule():
+    hp = tg.Hyperparameters(adam_every=2)
+    assert [s for s in range(10) if tg.slow_adam_step(hp, s)] == [1, 3, 5, 7, 9]
+    assert tg.slow_adam_step(hp, hp.total_steps - 1) and hp.total_steps % 2 == 0
+    odd = dataclasses.replace(hp, scheduled_steps=hp.scheduled_steps + 1)
+    assert tg.slow_adam_step(odd, odd.total_steps - 1), "the last step always updates the slow groups"
+    assert [s for s in range(7) if tg.slow_adam_step(dataclasses.replace(hp, adam_every=3), s)] == [2, 5]
+    assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
+    assert {"embed", "lm_head", "value_embeds"} <= tg.ADAM_SLOW
+
+
+def _feed(opt, params, grads, names):
+    for k in names:
+        params[k].grad = grads[k].clone()
+    opt.accumulate()
+
+
+@pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
+def test_slow_adam_groups_step_on_the_summed_gradient(untie, device):
+    """fp32 params, two steps with adam_every=2: step 0 leaves the slow groups' params and state alone and keeps
+    their gradient; step 1 updates them once (Adam step count 1, step 1's lr) on the fp32 sum of both steps'
+    gradients. The specification: a second optimizer fed that sum directly (while tied, the embedding's gradient
+    of step 0 folded into the head's, transposed: what a tied step does), stepped once; bitwise equal.
+    The fast groups (scalars, gates) and Muon step at both steps."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=2)
+    dev = tg.Dist(device=torch.device(device))
+    gen = torch.Generator().manual_seed(11)
+    pa = _perturbed_params(hp, seed=3, device=device)
+    pb = _perturbed_params(hp, seed=3, device=device)
+    g0 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
+    g1 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
+    slow = [k for k in pa if k in tg.ADAM_SLOW]
+    assert sorted(slow) == ["embed", "lm_head", "value_embeds"]
+    a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
+    start = {k: v.detach().clone() for k, v in pa.items()}
+    _feed(a, pa, g0, pa)
+    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
+    assert a.pending
+    for k in slow:
+        assert torch.equal(pa[k], start[k]), f"{k} moved at a skipped step"
+        assert a.groups[k].step == 0 and not a.groups[k].exp_avg.any()
+        assert torch.equal(a.groups[k].acc[:a.groups[k].rows], g0[k]), f"{k}: gradient not kept"
+    for k in ("scalars", "attn_gate", "attn_bank"):
+        assert not torch.equal(pa[k], start[k]), f"{k} should step every step"
+    if untie:
+        a.untie()
+    _feed(a, pa, g1, pa)
+    a.step(1, 1.3, 0.9, slow=tg.slow_adam_step(hp, 1))
+    assert not a.pending
+
+    summed = {k: g0[k] + g1[k] for k in slow}
+    if untie:  # the tied step-0 embedding gradient belongs to the head
+        summed["lm_head"] = (g0["lm_head"] + g0["embed"].T) + g1["lm_head"]
+        summed["embed"] = g1["embed"].clone()
+        b.untie()
+    _feed(b, pb, summed, slow)
+    b.step(1, 1.3, 0.9, slow=True)
+    for k in slow:
+        assert torch.equal(pa[k], pb[k]), f"{k} differs from one step on the summed gradient"
+        for key, t in a.groups[k].state_tensors().items():
+            assert torch.equal(t, b.groups[k].state_tensors()[key]), f"{k}.{key}"
+        assert a.groups[k].step == b.groups[k].step == (0 if k == "embed" and a.tied else 1)
+        assert not a.groups[k].acc.any()
+
+
+def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
+    """A checkpoint after a skipped step carries the slow groups' pending gradients (per rank): a fresh
+    optimizer loaded from it (through save_checkpoint / load_checkpoint) ends the next step bitwise equal to
+    the uninterrupted one; without the pending gradients the slow groups would differ."""
+    hp = tg.smoke_hyperparameters(adam_every=2)
+    dev = tg.Dist(device=torch.device(device))
+    gen = torch.Generator().manual_seed(5)
+    pa = _perturbed_params(hp, seed=3, device=device)
+    grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
+             for _ in range(2)]
+    a = tg.Optimizer(hp, pa, dev)
+    _feed(a, pa, grads[0], pa)
+    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
+    path = tg.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
+    pb = _perturbed_params(hp, seed=4, device=device)  # other values: everything must come from the checkpoint
+    b = tg.Optimizer(hp, pb, dev)
+    tg.load_checkpoint(path, pb, b, dev)
+    assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
+    for opt, params in ((a, pa), (b, pb)):
+        _feed(opt, params, grads[1], params)
+        opt.step(1, 1.2, 0.9, slow=tg.slow_adam_step(hp, 1))
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), f"{k} differs after resuming between slow Adam steps"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Profiling (--profile-steps)
+
+
+def test_profile_table_categorises_kernels():
+    """Synthetic kernels (name, start us, end us): categories by name, busy time as the union of overlapping
+    intervals (a reduce-scatter on another stream under a GEMM), idle = wall - busy, top list by total time."""
+    kernels = [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50, 150),   # overlaps the GEMM by 50
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 150, 170),
+        ("triton_tem_fused_flex_attention_0", 170, 230),
+        ("_normuon_apply_kernel", 230, 240),
+        ("_gram_kernel", 240, 260),                                  # Polar Express: optimizer, not matmul
+        ("_adamw_kernel", 260, 265),
+        ("triton_poi_fused_add_mul_0", 265, 270),
+        ("_ce_fwd_kernel", 300, 310),                                # gap 270..300 is idle
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 310, 330),
+    ]
+    lines, cat = tg.profile_table(kernels, wall_us=400.0, n_steps=2, top=3)
+    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0,
+                   "elementwise/other": 15.0, "idle": 400.0 - 330.0 + 30.0}
+    assert tg.busy_us([(a, b) for _, a, b in kernels]) == 300.0
+    top = [line.split()[-1] for line in lines[2:5]]
+    assert top == ["sm90_xmma_gemm_bf16bf16_bf16f32", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL",
+                   "triton_tem_fused_flex_attention_0"]
+    assert "calls" in lines[1] and lines[2].split()[2] == "2", "the two GEMM calls are one row"
+    assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
+
+
+def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):
+    """--profile-steps 1 on a 2-step smoke run (two stages of one step): a trace per stage and a table in the log,
+    then the same loss lines as the same run without profiling (the profiled steps are followed by a reset)."""
+    short = ("--steps", "2", "--extension-steps", "0", "--val-every", "0")
+    log_ref, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "noprof", *short))
+    log2, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "prof", *short, "--profile-steps", "1"))
+    _, steps_ref, vals_ref = _parse(log_ref)
+    text, steps, vals = _parse(log2)
+    events = text.split("\n" + "=" * 100 + "\n")[-1]  # after the source dump and the header
+    for i in (0, 1):
+        assert f"profile_stage{i}: steps {i}..{i}, trace " in events
+        assert (Path(log2).parent / f"prof_profile_stage{i}_rank0.json").is_file()
+    assert "profile_stage2" not in events, "the empty extension stage is not profiled"
+    assert events.count("  by category: ") == 2 and events.count(" idle ") == 2
+    assert sorted(steps) == [1, 2] and sorted(vals) == [2]
+    if not HAS_CUDA:
+        assert steps == steps_ref and vals == vals_ref, "profiling changed the run"
 
 
 # ----------------------------------------------------------------------------------------------------
