@@ -1663,6 +1663,9 @@ def sample(args, d):
 # Short names that users and records use, kept beside the generated --field-name flags.
 FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
+# Lower bounds of counting flags: a value below is one usage error (exit code 2), not a traceback later.
+FLAG_MINIMUM = {"scheduled_steps": 1, "extension_steps": 0, "adam_every": 1, "profile_steps": 0, "val_every": 0,
+                "save_every": 0, "hellaswag_every": 0, "hellaswag_limit": 0}
 
 
 def field_comments(cls=None):
@@ -1707,7 +1710,7 @@ def add_hyperparameter_flags(p):
         elif f.type is tuple:
             kw.update(type=_tuple_parser(type(default[0]) if default else int), metavar="A,B,...")
         else:
-            kw["type"] = f.type
+            kw["type"] = _at_least(FLAG_MINIMUM[f.name], f.type) if f.name in FLAG_MINIMUM else f.type
         g.add_argument(*names, **kw)
 
 

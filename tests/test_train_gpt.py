@@ -1019,7 +1019,7 @@ def test_generated_flags_set_their_fields():
 
 
 @pytest.mark.parametrize("argv", [["--steps", "x"], ["--adam-lr", "fast"], ["--ve-tables", "0,a"],
-                                  ["--seed", "1.5"]])
+                                  ["--seed", "1.5"], ["--adam-every", "0"], ["--steps", "0"], ["--val-every", "-1"]])
 def test_bad_flag_value_is_one_line_exit_2(argv):
     res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *argv], capture_output=True, text=True,
                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=120)
