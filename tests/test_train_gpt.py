@@ -232,7 +232,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}) for mb in mbs]
+    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, tr.mtp[0]) for mb in mbs]
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
@@ -287,8 +287,10 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     """fp32 model: two accumulated half-batch micro-steps (loss/2 each) vs one micro-step over the whole batch.
     The halves start with BOS, so the document mask separates them in the joint batch too; only the rotary
     positions differ (angles up to 256 rad in fp32: ~2^-24*256 = 1.5e-5 absolute), hence 2e-4 x max|grad|
-    for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32")
+    for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error). Smear, key offset and
+    the bigram hash read the previous position even across a BOS (as in record #74), so they see the cut
+    between the halves: they are off here."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", smear=False, key_offset=False, bigram=False)
     T = 128
     ids, targets = _batch(hp, 2 * T, seed=5, n_docs=4)
     ids[T] = hp.bos_id
@@ -313,6 +315,9 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     (p2, acc2), (p1, acc1) = runs
     for k in acc1:
         scale = acc1[k].abs().max().item()
+        if k in ("smear_gate", "bigram_embed", "bigram_lambdas"):  # their features are off here
+            assert scale == 0 and acc2[k].abs().max() == 0, k
+            continue
         assert scale > 0, f"{k}: zero gradient, the test would not see a bug"
         assert_close_report(acc2[k], acc1[k], atol=2e-4 * scale, name=f"grad {k}")
     # Muon parameters after the step: the update is lr * O(1) per element, bf16 rounding of X inside the
@@ -325,6 +330,11 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
 
 # ----------------------------------------------------------------------------------------------------
 # Flat forward vs a plain reference
+
+
+# The record #74 features (tests/test_model.py), all off: the base model _ref_forward describes.
+NO_FEATURES = {f: False for f in ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout",
+                                  "fp8_head", "attn_lambdas")}
 
 
 def _ref_forward(hp, P, ids, window_tokens):
@@ -400,8 +410,9 @@ def _ref_forward(hp, P, ids, window_tokens):
 
 def test_flat_forward_matches_reference(device):
     """fp32 flat forward vs the reference in float64 (rule 1: at most 2x the reference's own fp32 error).
-    Dense attention on both devices (flex_attention is checked against it separately)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32")
+    Dense attention on both devices (flex_attention is checked against it separately). The record #74
+    features are off here (the base model); tests/test_model.py checks each of them."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", **NO_FEATURES)
     params = _perturbed_params(hp, seed=11, device=device)
     ids, targets = _batch(hp, 384, seed=12, n_docs=5)
     windows = (1, 2)
@@ -409,7 +420,7 @@ def test_flat_forward_matches_reference(device):
     with torch.no_grad():
         x = tg.trunk(hp, params, fns, ids.to(device), None, windows, {})
         ours = fns.logits(x, params["lm_head"]).cpu()
-        ours_loss = fns.loss(x, params["lm_head"], targets.to(device)).cpu()
+        ours_loss = fns.val_loss(x, params["lm_head"], targets.to(device), torch.ones(1, device=device)).cpu()
         P64 = {k: v.detach().cpu().double() for k, v in params.items()}
         P32 = {k: v.detach().cpu().float() for k, v in params.items()}
         wt = (windows[0] * tg.BLOCK, windows[1] * tg.BLOCK)
@@ -491,7 +502,7 @@ def test_compiled_flex_sublayer_matches_dense_on_cpu(window_blocks):
     win = torch.tensor(window_blocks * tg.BLOCK, dtype=torch.int32)
     blocks = tg.block_tensors(docs, window_blocks)
     args = [torch.randn(T, C, generator=g), *(torch.randn(C, C, generator=g) * C ** -0.5 for _ in range(4)),
-            torch.randn(H, hp.gate_dims, generator=g) * 0.3, torch.randn(T, C, generator=g),
+            torch.tensor([0.7, 1.3]), torch.randn(H, hp.gate_dims, generator=g) * 0.3, torch.randn(T, C, generator=g),
             torch.randn(H, hp.gate_dims, generator=g) * 0.3]
     flex = torch.compile(tg.make_attn_sublayer(hp, tg.flex_attend), fullgraph=True, dynamic=False)
     dense = tg.make_attn_sublayer(hp, tg.dense_attend)
@@ -499,7 +510,7 @@ def test_compiled_flex_sublayer_matches_dense_on_cpu(window_blocks):
     def run(fn, dtype):
         cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype)
         with torch.no_grad():
-            return fn(*(a.to(dtype) for a in args), cos, sin, docs, win, blocks)
+            return fn(*(a.to(dtype) for a in args), cos, sin, torch.tensor(hp.attn_scale), docs, win, blocks)
 
     ours = run(flex, torch.float32)
     assert_matches_torch(ours, run(dense, torch.float64), run(dense, torch.float32), name="flex sublayer")
