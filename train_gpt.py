@@ -8,22 +8,57 @@ Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `-
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
-Model (straight-line forward over parameter banks, see `forward`): vocab 50304 (50257 padded), width 768,
+Model (straight-line forward over parameter banks, see `trunk`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
 zero-initialised output projections, value embeddings mixed into the attention values of the first and last
 three layers, the normed embedding x0 mixed into every sublayer, one U-net skip (layer 3 -> layer 6), a second
 residual lane from layer 7 on (attention reads lane 0, the MLP lane 1), sigmoid logit soft-capping, an LM head
 stored transposed (768 x 50304) tied to the token embedding for the first 2/3 of the scheduled steps.
+Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
+  * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
+    token) (`bigram_hash`: position 0 uses the reserved last row; a BOS hashes with the previous document's
+    last token, as in the record); hashed and sorted for the embedding kernel in the loader thread; added to
+    lane 0 before layer 0 and after every later attention sublayer with per-layer `bigram_lambdas`.
+  * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
+    heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
+    head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
+  * mtp: the training loss is mean_t sum_k w_k CE(t, target t+k) (t + k inside the micro-batch) with the
+    stage table's weights (1, .5, .25->0), (1, .5->0), (1), interpolated over each stage; validation,
+    HellaSwag and sampling use the next token only.
+  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm.
+  * yarn: when the long window grows, the rotary frequencies are rescaled and the softmax scale grows by
+    0.2 ln(new/old) + 1 (the record's YaRN, along the stage path); the tables are made on the host once per
+    (length, long window), in training and evaluation alike.
+  * key_offset: in the long-window layers each key takes its position-free dims (those rotary leaves alone)
+    from the previous token's key, so one layer can form induction heads.
+  * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
+  * fp8_head: the training head's matmuls in FP8 (`fp8_head_mm`: e4m3 x and W, e5m2 gradient, fixed scales)
+    where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
+    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
+  * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
+Deviations from record #74: the bigram gradient is reduced densely (reduce-scatter of the whole table like the
+other embeddings; the record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
+(2i, 2i + 1) (a fixed permutation of the head dims); the softmax scale starts at attn_scale (the record's YaRN
+starts at 0.1); the value-embedding gate reads the normed input's first 12 dims (the record: 6 of the input
+and 6 of the value embedding); the training loss is the mean over rows (the record sums), and the FP8
+gradient scale is divided by the rows accordingly; the final validation keeps the last stage's windows (the
+record extends the long window to 20 blocks); no learned skip gate (the record's skip_gate on x0).
 
 Parameters: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv, Wo] per attention layer, `mlp_bank`
 (n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is tall),
-`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768) bf16, gates and scalars fp32.
+`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768), `bigram_embed`
+(bigram_vocab_size, 768) bf16, gates (`attn_gate`, `ve_gate`, `smear_gate`), `bigram_lambdas` and `scalars`
+fp32 (scalars = per-sublayer residual coefficients, skip, attention lambdas, smear and backout lambdas). The
+feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero gradient).
 
 Compilation: the forward is a Python loop over layers calling a handful of functions compiled once each
-(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (two variants: with / without value
-embedding), one MLP sublayer, two residual updates and the head + loss. Weights are tensor arguments (unbound
-slices of the banks), so all layers share the compiled code. Attention is flex_attention with a document-causal
-sliding-window BlockMask built on the device from the BOS positions (no host sync).
+(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (variants: value embedding, paired
+heads, key offset), one MLP sublayer, two residual updates, the embedding prelude (smear, bigram), the head +
+loss (kernels.cross_entropy.softcapped_cross_entropy on CUDA, its PyTorch reference on the CPU; the multi-token
+weights are a device tensor argument, so their schedule never recompiles) and the evaluation head. Weights
+are tensor arguments (unbound slices of the banks), so all layers share the compiled code. Attention is
+flex_attention with a document-causal sliding-window BlockMask built on the device from the BOS positions (no
+host sync); paired-head layers get a second BlockMask for the interleaved 2T sequence.
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers (one rounding of each bf16 partial), reduce-scattered in fp32 along dim 0 (padded to a multiple
@@ -127,7 +162,7 @@ class Hyperparameters:
     mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
     smear: bool = True  # gated smear of the previous token's embedding into each position
     yarn: bool = True  # YaRN: rescale rotary frequencies and grow the softmax scale when the long window grows
-    key_offset: bool = True  # long-window layers shift the keys' position-free dims one token later
+    key_offset: bool = True  # long-window layers' keys take their position-free dims from the previous token
     backout: bool = True  # subtract backout_lambda * (lane 0 after backout_layer) before the LM head
     backout_layer: int = 7  # the layer whose output (lane 0) is backed out
     fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
@@ -659,7 +694,7 @@ def fp8_head_mm(x: torch.Tensor, w: torch.Tensor, x_s: float, w_s: float,
     the backward reuses them). torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
-    one = x.new_tensor(1.0, dtype=torch.float32)
+    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
     out = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
                            use_fast_accum=True)
     return out, x8, w8
@@ -677,7 +712,7 @@ def fp8_head_mm_bwd(g: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: fl
     """(dx, dw) of fp8_head_mm: g (N, V) rounded to e5m2 as g / grad_s; dx = g @ w^T, dw = x^T @ g (C, V),
     both in g's dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
     g8 = (g / grad_s).to(torch.float8_e5m2)
-    one = g.new_tensor(1.0, dtype=torch.float32)
+    one = torch.ones((), dtype=torch.float32, device=g.device)
     dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=g.dtype)
     dw = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=one * x_s, scale_b=one * grad_s,
                           out_dtype=g.dtype)

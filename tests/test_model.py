@@ -448,6 +448,16 @@ def test_fp8_head_falls_back_to_the_same_math_on_cpu():
     gb, = torch.autograd.grad(lb, w)
     assert torch.equal(la, lb) and torch.equal(ga, gb)
 
+    def spec(x, w):  # the head in the parameters' dtype: mean_t [CE(z_t, t_t) + 0.5 CE(z_t, t_{t+1})]
+        z = hp.softcap * torch.sigmoid((norm(x) @ w + 5) / 7.5)
+        ce = F.cross_entropy(z, t, reduction="none")
+        return (ce.sum() + 0.5 * F.cross_entropy(z[:-1], t[1:], reduction="sum")) / len(t)
+
+    # fp32 mean of N = 128 row losses summed in another order than the spec: bound N * u relative (the
+    # worst case of recursive summation); a bf16 matmul would be off by ~2^-8 relative.
+    e = spec(x.double(), w.detach().double())
+    assert_close_report(la, e, atol=128 * 2 ** -24 * e.abs().item(), name="fallback loss")
+
 
 def _scaled_mm_works(device):
     try:
