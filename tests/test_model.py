@@ -583,3 +583,29 @@ def test_disable_flag_parses_and_trains(feature):
         opt.step(step, 1.0, 0.9)
         losses.append(loss.item())
     assert math.isfinite(losses[0]) and losses[1] < losses[0], losses
+
+
+@pytest.mark.parametrize("paired,key_offset", [(True, False), (False, True)])
+def test_compiled_flex_sublayer_paired_and_key_offset_match_dense_on_cpu(paired, key_offset):
+    """The GPU form of the sublayer (compiled, flex_attention with block tensors of the 2T sequence for paired
+    heads), forward on the CPU (flex has no CPU backward), fp32, against the dense sublayer (rule 1 with the
+    dense one in float64 and fp32)."""
+    hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
+    T, w = 256, 1
+    inp = _sublayer_inputs(hp, T, seed=9)
+    freq, scale = tg.yarn_state(hp, 2)
+    flex = torch.compile(tg.make_attn_sublayer(hp, tg.flex_attend), fullgraph=True, dynamic=False)
+    dense = tg.make_attn_sublayer(hp, tg.dense_attend)
+
+    def run(fn, dtype):
+        cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, freq, paired=paired)
+        docs = tg.doc_ids(inp["ids"], hp.bos_id)
+        docs = docs.repeat_interleave(2) if paired else docs
+        with torch.no_grad():
+            return fn(inp["x"].to(dtype), *(t.to(dtype) for t in inp["W"]), inp["lam"].to(dtype), inp["ag"].to(dtype),
+                      inp["ve"].to(dtype), inp["vg"].to(dtype), cos, sin, torch.tensor(scale), docs,
+                      torch.tensor(w * tg.BLOCK, dtype=torch.int32), tg.block_tensors(docs, w), paired=paired,
+                      key_offset=key_offset)
+
+    assert_matches_torch(run(flex, torch.float32), run(dense, torch.float64), run(dense, torch.float32),
+                         name=f"flex sublayer paired={paired} key_offset={key_offset}")
