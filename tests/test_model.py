@@ -526,8 +526,8 @@ def test_fp8_head_close_to_bf16_on_gpu():
     assert_close_report(dw8.float(), dwb.float(), atol=0.05 * dwb.abs().max().item(), name="fp8 dw")
     xn = tg.rms_norm(x.detach())
     gs = tg.FP8_GRAD_S / (N * tg.SLOTS)
-    out = tg.fp8_head_mm(xn, w.detach(), tg.FP8_X_S, tg.FP8_W_S, gs)[0]
-    e_out, _, _ = _fp8_spec(xn.cpu(), w.detach().cpu(), torch.zeros(N, 50304), gs)
+    out = tg.fp8_head_mm(xn, w.detach(), tg.FP8_X_S, tg.FP8_W_S, gs)[0][:256]  # 256 rows: a float64 CPU spec
+    e_out, _, _ = _fp8_spec(xn[:256].cpu(), w.detach().cpu(), torch.zeros(256, 50304), gs)
     assert_close_report(out.double().cpu(), e_out, atol=2 ** -7 * e_out.abs().max().item(), name="fp8 out (GPU)")
 
 

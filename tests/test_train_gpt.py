@@ -220,6 +220,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     """Trainer.train_step at world size 1, fp32: the gradient it accumulates over the 8 micro-steps equals the
     gradient of the MEAN micro-batch loss over the global batch (autograd of that mean, computed here), and the
     train_loss it returns is that mean. At step 0 the near-uniform initial head puts it within 0.05 of ln(vocab)
+    times the mean multi-token weight of a row
     (a loss scaled by 8, or summed instead of averaged, is off by a factor). World size 2: the gloo test above
     holds its train_loss lines to these within 2e-4."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
@@ -246,7 +247,10 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     loss = tr.train_step(0, want_loss=True)
     tr.loader.close()
     assert abs(loss - mean.item()) <= 1e-5 * mean.item(), (loss, mean.item())
-    assert abs(mean.item() - math.log(hp.vocab_size)) < 0.05, mean.item()
+    # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
+    w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
+    row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
+    assert abs(mean.item() - row_weight * math.log(hp.vocab_size)) < 0.05, mean.item()
     for k, g in grads.items():
         if g is None:
             continue
