@@ -16,8 +16,8 @@ residual lane from layer 7 on (attention reads lane 0, the MLP lane 1), sigmoid 
 stored transposed (768 x 50304) tied to the token embedding for the first 2/3 of the scheduled steps.
 Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
   * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
-    token) (`bigram_hash`: position 0 uses the reserved last row; a BOS hashes with the previous document's
-    last token, as in the record); hashed and sorted for the embedding kernel in the loader thread; added to
+    token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
+    embedding kernel in the loader thread; added to
     lane 0 before layer 0 and after every later attention sublayer with per-layer `bigram_lambdas`.
   * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
     heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
@@ -25,18 +25,21 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * mtp: the training loss is mean_t sum_k w_k CE(t, target t+k) (t + k inside the micro-batch) with the
     stage table's weights (1, .5, .25->0), (1, .5->0), (1), interpolated over each stage; validation,
     HellaSwag and sampling use the next token only.
-  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm.
+  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm
+    (not into a BOS).
   * yarn: when the long window grows, the rotary frequencies are rescaled and the softmax scale grows by
     0.2 ln(new/old) + 1 (the record's YaRN, along the stage path); the tables are made on the host once per
     (length, long window), in training and evaluation alike.
-  * key_offset: in the long-window layers each key takes its position-free dims (those rotary leaves alone)
-    from the previous token's key, so one layer can form induction heads.
+  * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
+    leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
   * fp8_head: the training head's matmuls in FP8 (`fp8_head_mm`: e4m3 x and W, e5m2 gradient, fixed scales)
     where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
     `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
-Deviations from record #74: the bigram gradient is reduced densely (reduce-scatter of the whole table like the
+Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
+own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
+then score its candidates differently from one at a time, by up to 4e-3 nats in the smoke test); the bigram gradient is reduced densely (reduce-scatter of the whole table like the
 other embeddings; the record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
 (2i, 2i + 1) (a fixed permutation of the head dims); the softmax scale starts at attn_scale (the record's YaRN
 starts at 0.1); the value-embedding gate reads the normed input's first 12 dims (the record: 6 of the input
@@ -228,7 +231,7 @@ def smoke_hyperparameters(**overrides):
         ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
         scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
-        bigram_vocab_size=5 * 512, paired_head_layers=(0, 2), backout_layer=2)
+        bigram_vocab_size=256, paired_head_layers=(0, 2), backout_layer=2)
     return dataclasses.replace(hp, **overrides)
 
 
@@ -408,6 +411,10 @@ def init_params(hp, device, seed):
     C, V, L = hp.model_dim, hp.vocab_size, hp.num_layers
     n_attn, H = len(hp.attn_layers), hp.num_heads
     assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
+    if hp.paired_heads and H % 2:
+        raise ValueError(f"paired heads need an even num_heads, got {H} (or use --no-paired-heads)")
+    if hp.backout and not 0 <= hp.backout_layer < L:
+        raise ValueError(f"backout_layer {hp.backout_layer} is not a layer index (num_layers {L})")
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C)
 
     def uniform(*shape):
@@ -521,16 +528,17 @@ def rotary_tables(hp, T, device, dtype, freq=None, paired=False):
     return theta.cos().to(dtype), theta.sin().to(dtype)
 
 
-def bigram_hash(ids, rows):
+def bigram_hash(ids, rows, bos_id):
     """(T,) int32 row of the bigram table per position: the public record's hash of (previous id, id),
-    (36313 * ids[t] xor 27191 * ids[t-1]) mod (rows - 1); position 0 has no previous token and gets the
-    reserved last row, rows - 1. A BOS at t > 0 hashes with the previous document's last token (as in the
-    public record, whose note says masking it was slower and no better). int64 arithmetic: the same values
-    as the record's int32 for ids < 2^31 / 36313 (59138), which covers GPT-2's vocabulary."""
+    (36313 * ids[t] xor 27191 * ids[t-1]) mod (rows - 1). A position without a previous token of its own
+    document, position 0 and every BOS, gets the reserved last row, rows - 1 (the record reserves it for
+    position 0 only and lets a BOS hash with the previous document's last token; we keep documents
+    independent, so a packed sequence scores like its documents one by one). int64 arithmetic: the same
+    values as the record's int32 for ids < 2^31 / 36313 (59138), which covers GPT-2's vocabulary."""
     x = ids.to(torch.int64)
     out = torch.full_like(x, rows - 1)
     out[1:] = torch.bitwise_xor(36313 * x[1:], 27191 * x[:-1]) % (rows - 1)
-    return out.to(torch.int32)
+    return torch.where(x == bos_id, rows - 1, out).to(torch.int32)
 
 
 def rotary(x, cos, sin):
@@ -611,13 +619,14 @@ def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
     def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, docs, window, blocks,
-                      paired=False, key_offset=False):
+                      paired=False, key_offset=False, bos=None):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) fp32 multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
         cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d fp32: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). paired: docs/blocks are those of the
-        interleaved 2T sequence. key_offset: the keys' position-free dims are taken from the previous token."""
+        interleaved 2T sequence. key_offset: the keys' position-free dims are taken from the previous token,
+        except at the BOS positions (bos (T,) bool; the record shifts across documents too)."""
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
@@ -627,8 +636,8 @@ def make_attn_sublayer(hp, attend):
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
-        if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] keeps its own): 1-layer induction heads
-            k = torch.where(stationary_dims(D, k.device), torch.cat([k[:1], k[:-1]]), k)
+        if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
+            k = torch.where(stationary_dims(D, k.device) & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
         if ve is not None:
             gate = 2 * torch.sigmoid(h[:, :G] @ ve_gate.to(h.dtype).T)  # (T, H)
             v = v + gate[..., None] * ve.view(T, H, D)
@@ -666,15 +675,16 @@ def residual_pair(lane0, lane1, out, x0, coef, bigram=None, b_lam=None):
     return lane0, c[0] * lane1 + c[3] * out
 
 
-def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0):
+def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
     """Token embeddings e (T, C) -> (x0, lane 0 before layer 0).
 
     Smear (smear_gate (1, G) or None): e[t] += smear_lambda * sigmoid(e[t, :G] . smear_gate) * e[t-1] for t > 0
-    (across document boundaries, as in the public record). x0 = norm(e); lane 0 = x0 + b_lam0 * bigram
-    (bigram (T, C) or None)."""
+    except where bos[t] ((T,) bool: the record smears across documents, we keep them independent).
+    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None)."""
     G = smear_gate.shape[-1] if smear_gate is not None else 0
     if smear_gate is not None:
         g = smear_lambda.to(e.dtype) * torch.sigmoid(e[1:, :G] @ smear_gate.to(e.dtype).T)  # (T-1, 1)
+        g = g * (~bos[1:, None]).to(e.dtype)
         e = torch.cat([e[:1], e[1:] + g * e[:-1]])
     x0 = rms_norm(e)
     return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
@@ -840,6 +850,7 @@ class AttnContext:
                               rotary_tables(hp, T, dev, dtype, freq, paired=True) if paired_layers(hp) else None,
                               torch.tensor(scale, dtype=torch.float32, device=dev))
         (self.cos, self.sin), self.paired_tables, self.qscale = rot_cache[key]
+        self.bos = ids == hp.bos_id
         self.docs = doc_ids(ids, hp.bos_id)
         self.docs2 = self.docs.repeat_interleave(2) if paired_layers(hp) else None
         self.masks, self.masks2 = {}, {}
@@ -859,12 +870,12 @@ def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_pr
     b_lams = params["bigram_lambdas"].unbind(0)
     if hp.bigram:
         if bigram is None:
-            bigram = bigram_hash(ids, hp.bigram_vocab_size)
+            bigram = bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
         big = embedding(bigram, params["bigram_embed"], prep=bigram_prep)
     else:
         big = None
     x0, lane0 = fns.prelude(embedding(ids, params["embed"], prep=prep), big,
-                            params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0])
+                            params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], ctx.bos)
     attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
     paired = paired_layers(hp)
     ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
@@ -897,7 +908,7 @@ def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_pr
                 # the public record offsets the keys in its long-window layers (never paired there)
                 ko = hp.key_offset and i in hp.long_window_layers
                 out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, ctx.cos, ctx.sin,
-                               ctx.qscale, ctx.docs, win_t, blocks, key_offset=ko)
+                               ctx.qscale, ctx.docs, win_t, blocks, key_offset=ko, bos=ctx.bos)
             a += 1
             inject = (big, b_lams[i]) if big is not None and i > 0 else ()  # layer 0's is in the prelude
             if lane1 is None:
@@ -1221,7 +1232,7 @@ class TrainLoader:
             prep = prepare_ids(ids, self.hp.vocab_size)
             extra = ()
             if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
-                bigram = bigram_hash(ids, self.hp.bigram_vocab_size)
+                bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
                 extra = (bigram, prepare_ids(bigram, self.hp.bigram_vocab_size))
             if self.d.device.type == "cuda":
                 ids, targets, prep = ids.pin_memory(), targets.pin_memory(), prep.pin_memory()

@@ -26,11 +26,14 @@ def norm(x):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
 
 
-def spec_hash(ids, rows):
+def spec_hash(ids, rows, bos):
     """Record #74's get_bigram_hash in Python integers with int32 semantics: position 0 -> rows - 1, else
-    (36313 * cur xor 27191 * prev) mod (rows - 1)."""
+    (36313 * cur xor 27191 * prev) mod (rows - 1); and our rule: a BOS -> rows - 1."""
     out = [rows - 1]
     for prev, cur in zip(ids[:-1], ids[1:]):
+        if cur == bos:
+            out.append(rows - 1)
+            continue
         a, b = (36313 * cur) & 0xFFFFFFFF, (27191 * prev) & 0xFFFFFFFF
         v = a ^ b
         v = v - (1 << 32) if v >= 1 << 31 else v  # int32
@@ -89,17 +92,17 @@ def test_bigram_hash_formula_range_and_position_zero():
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 512, (300,), generator=g, dtype=torch.int32)
     ids[[0, 17, 150]] = 511  # BOS tokens, including position 0
-    got = tg.bigram_hash(ids, rows)
+    got = tg.bigram_hash(ids, rows, 511)
     assert got.dtype == torch.int32
-    assert got.tolist() == spec_hash(ids.tolist(), rows)
-    assert got[0] == rows - 1  # position 0: the reserved row
-    assert 0 <= int(got[1:].min()) and int(got[1:].max()) < rows - 1  # others never use the reserved row
-    # a BOS at t > 0 hashes with the previous document's last token (record #74's rule), not the reserved row
-    assert got[17] == spec_hash([int(ids[16]), 511], rows)[1]
-    assert torch.equal(tg.bigram_hash(ids.clone(), rows), got)  # deterministic
+    assert got.tolist() == spec_hash(ids.tolist(), rows, 511)
+    assert got[0] == rows - 1 and got[17] == rows - 1 and got[150] == rows - 1  # position 0 and BOS: reserved
+    others = got[ids != 511]
+    assert 0 <= int(others.min()) and int(others.max()) < rows - 1  # the others never use the reserved row
+    assert got[18] == spec_hash([511, int(ids[18])], rows, -1)[1]  # the token after a BOS hashes with the BOS
+    assert torch.equal(tg.bigram_hash(ids.clone(), rows, 511), got)  # deterministic
     # GPT-2 sized ids: int32 products stay below 2^31, our int64 arithmetic gives the same
     big = torch.tensor([50256, 50255, 0, 50303, 12345], dtype=torch.int32)
-    assert tg.bigram_hash(big, 5 * 50304).tolist() == spec_hash(big.tolist(), 5 * 50304)
+    assert tg.bigram_hash(big, 5 * 50304, 50256).tolist() == spec_hash(big.tolist(), 5 * 50304, 50256)
 
 
 def test_loader_hashes_bigrams_of_its_ids(tmp_path):
@@ -113,7 +116,7 @@ def test_loader_hashes_bigrams_of_its_ids(tmp_path):
     mbs = loader.next()
     loader.close()
     for mb in mbs:
-        assert mb.bigram.tolist() == spec_hash(mb.ids.tolist(), hp.bigram_vocab_size)
+        assert mb.bigram.tolist() == spec_hash(mb.ids.tolist(), hp.bigram_vocab_size, hp.bos_id)
         assert torch.equal(mb.bigram_prep.sorted_ids, torch.sort(mb.bigram).values)
     off = tg.TrainLoader(dataclasses.replace(hp, bigram=False), [tmp_path / "t_000001.bin"], tg.Dist(), lambda s: 128)
     mb = off.next()[0]
@@ -241,7 +244,8 @@ def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset):
             still = torch.cat([freq == 0, freq == 0])  # dims whose rotation angle is always 0
             k2 = k.clone()
             for t in range(1, T):
-                k2[t, :, still] = k[t - 1, :, still]
+                if inp["ids"][t] != hp.bos_id:  # a BOS keeps its own key
+                    k2[t, :, still] = k[t - 1, :, still]
             k = k2
         y = masked_attention(q, k, v, docs, window, scale)
     else:
@@ -281,7 +285,7 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
         with torch.no_grad():
             return fn(inp["x"].to(dtype), *(w.to(dtype) for w in inp["W"]), inp["lam"].to(dtype), inp["ag"].to(dtype),
                       inp["ve"].to(dtype), inp["vg"].to(dtype), cos, sin, torch.tensor(scale, dtype=dtype), docs,
-                      window, None, paired=paired, key_offset=key_offset)
+                      window, None, paired=paired, key_offset=key_offset, bos=inp["ids"] == hp.bos_id)
 
     assert_close_report(run(torch.float64), expected, atol=1e-10, name="float64 sublayer")
     assert_matches_torch(run(torch.float32), expected, _spec_sublayer(
@@ -315,10 +319,12 @@ def spec_forward(hp, P, ids, windows):
     if hp.smear:
         e2 = e.clone()
         for t in range(1, T):
+            if ids[t] == hp.bos_id:  # no smear into a document's first token
+                continue
             e2[t] = e[t] + smear_l * torch.sigmoid(e[t, :G] @ P["smear_gate"][0]) * e[t - 1]
         e = e2
     x0 = norm(e)
-    big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size))] if hp.bigram else None
+    big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size, hp.bos_id))] if hp.bigram else None
     lane0 = x0 if big is None else x0 + P["bigram_lambdas"][0] * big
     lane1, skip, back = None, None, None
     ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
@@ -414,7 +420,7 @@ def test_full_forward_gradients_reach_every_feature_parameter():
     targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
     fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
     prep = tg.prepare_ids(ids, hp.vocab_size)
-    big = tg.bigram_hash(ids, hp.bigram_vocab_size)
+    big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
     mb = tg.MicroBatch(ids, targets, prep, big, tg.prepare_ids(big, hp.bigram_vocab_size))
     loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25]))
     loss.backward()
@@ -605,7 +611,7 @@ def test_compiled_flex_sublayer_paired_and_key_offset_match_dense_on_cpu(paired,
             return fn(inp["x"].to(dtype), *(t.to(dtype) for t in inp["W"]), inp["lam"].to(dtype), inp["ag"].to(dtype),
                       inp["ve"].to(dtype), inp["vg"].to(dtype), cos, sin, torch.tensor(scale), docs,
                       torch.tensor(w * tg.BLOCK, dtype=torch.int32), tg.block_tensors(docs, w), paired=paired,
-                      key_offset=key_offset)
+                      key_offset=key_offset, bos=inp["ids"] == hp.bos_id)
 
     assert_matches_torch(run(flex, torch.float32), run(dense, torch.float64), run(dense, torch.float32),
                          name=f"flex sublayer paired={paired} key_offset={key_offset}")
