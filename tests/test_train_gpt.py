@@ -269,11 +269,12 @@ def _perturbed_params(hp, seed, device="cpu"):
         C = hp.model_dim
         p["attn_bank"].view(-1, 4, C, C)[:, 3] = torch.randn(p["attn_bank"].shape[0] // 4, C, C, generator=g) * C ** -0.5
         p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
-        for k in ("attn_gate", "ve_gate"):
+        for k in ("attn_gate", "ve_gate", "smear_gate", "bigram_embed"):
             p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
         n = 2 * hp.num_layers
         p["scalars"][n:2 * n] = torch.rand(n, generator=g) * 0.5  # x0_lambdas
         p["scalars"][:n] += torch.randn(n, generator=g) * 0.1
+        p["scalars"][4 * n + 1:] += 0.2  # attention lambdas, smear (0 at init: no smear gradient) and backout
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
