@@ -39,9 +39,9 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
-then score its candidates differently from one at a time (4.3e-3 nats at most in the HellaSwag pack test)); the
-bigram gradient is reduced densely (reduce-scatter of the whole table like the
-other embeddings; the record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
+then score its candidates differently from one at a time: 4.3e-3 nats at most in the HellaSwag pack test);
+the bigram gradient is reduced densely (reduce-scatter of the whole table like the other embeddings; the
+record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
 (2i, 2i + 1) (a fixed permutation of the head dims); the softmax scale starts at attn_scale (the record's YaRN
 starts at 0.1); the value-embedding gate reads the normed input's first 12 dims (the record: 6 of the input
 and 6 of the value embedding); the training loss is the mean over rows (the record sums), and the FP8
