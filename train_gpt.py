@@ -9,22 +9,61 @@ Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `-
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
-Model (straight-line forward over parameter banks, see `forward`): vocab 50304 (50257 padded), width 768,
+Model (straight-line forward over parameter banks, see `trunk`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
 zero-initialised output projections, value embeddings mixed into the attention values of the first and last
 three layers, the normed embedding x0 mixed into every sublayer, one U-net skip (layer 3 -> layer 6), a second
 residual lane from layer 7 on (attention reads lane 0, the MLP lane 1), sigmoid logit soft-capping, an LM head
 stored transposed (768 x 50304) tied to the token embedding for the first 2/3 of the scheduled steps.
+Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
+  * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
+    token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
+    embedding kernel in the loader thread; added to
+    lane 0 before layer 0 and after every later attention sublayer with per-layer `bigram_lambdas`.
+  * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
+    heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
+    head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
+  * mtp: the training loss is mean_t sum_k w_k CE(t, target t+k) (t + k inside the micro-batch) with the
+    stage table's weights (1, .5, .25->0), (1, .5->0), (1), interpolated over each stage; validation,
+    HellaSwag and sampling use the next token only.
+  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm
+    (not into a BOS).
+  * yarn: when the long window grows, the rotary frequencies are rescaled and the softmax scale grows by
+    0.2 ln(new/old) + 1 (the record's YaRN, along the stage path); the tables are made on the host once per
+    (length, long window), in training and evaluation alike.
+  * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
+    leaves alone) from the previous token's key, so one layer can form induction heads.
+  * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
+  * fp8_head: the training head's matmuls in FP8 (`fp8_head_mm`: e4m3 x and W, e5m2 gradient, fixed scales)
+    where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
+    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
+  * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
+Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
+own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
+then score its candidates differently from one at a time: 4.3e-3 nats at most in the HellaSwag pack test);
+the bigram gradient is reduced densely (reduce-scatter of the whole table like the other embeddings; the
+record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
+(2i, 2i + 1) (a fixed permutation of the head dims); the softmax scale starts at attn_scale (the record's YaRN
+starts at 0.1); the value-embedding gate reads the normed input's first 12 dims (the record: 6 of the input
+and 6 of the value embedding); the training loss is the mean over rows (the record sums), and the FP8
+gradient scale is divided by the rows accordingly; the final validation keeps the last stage's windows (the
+record extends the long window to 20 blocks); no learned skip gate (the record's skip_gate on x0).
 
 Parameters: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv, Wo] per attention layer, `mlp_bank`
 (n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is tall),
-`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768) bf16, gates and scalars fp32.
+`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768), `bigram_embed`
+(bigram_vocab_size, 768) bf16, gates (`attn_gate`, `ve_gate`, `smear_gate`), `bigram_lambdas` and `scalars`
+fp32 (scalars = per-sublayer residual coefficients, skip, attention lambdas, smear and backout lambdas). The
+feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero gradient).
 
 Compilation: the forward is a Python loop over layers calling a handful of functions compiled once each
-(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (two variants: with / without value
-embedding), one MLP sublayer, two residual updates and the head + loss. Weights are tensor arguments (unbound
-slices of the banks), so all layers share the compiled code. Attention is flex_attention with a document-causal
-sliding-window BlockMask built on the device from the BOS positions (no host sync).
+(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (variants: value embedding, paired
+heads, key offset), one MLP sublayer, two residual updates, the embedding prelude (smear, bigram), the head +
+loss (kernels.cross_entropy.softcapped_cross_entropy on CUDA, its PyTorch reference on the CPU; the multi-token
+weights are a device tensor argument, so their schedule never recompiles) and the evaluation head. Weights
+are tensor arguments (unbound slices of the banks), so all layers share the compiled code. Attention is
+flex_attention with a document-causal sliding-window BlockMask built on the device from the BOS positions (no
+host sync); paired-head layers get a second BlockMask for the interleaved 2T sequence.
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
@@ -52,6 +91,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import os
 import platform
 import queue
@@ -82,6 +122,7 @@ from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
 from kernels.adam import fused_adamw_multi_step
+from kernels.cross_entropy import softcapped_cross_entropy, softcapped_cross_entropy_ref
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import ceilings_for, git_sha
 from kernels.momentum import nesterov_momentum
@@ -123,6 +164,19 @@ class Hyperparameters:
     gate_dims: int = 12  # attention / value-embedding gates read this many leading dims of the normed input
     attn_scale: float = 0.12  # softmax scale (QK-normed heads need a larger-than-1/sqrt(d) temperature)
     softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
+    # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
+    bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
+    bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last one is reserved for position 0)
+    paired_heads: bool = True  # paired-head attention in paired_head_layers
+    paired_head_layers: tuple = (0, 2, 5, 9)  # layers where head h and head h + H/2 attend as one interleaved head
+    mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
+    smear: bool = True  # gated smear of the previous token's embedding into each position
+    yarn: bool = True  # YaRN: rescale rotary frequencies and grow the softmax scale when the long window grows
+    key_offset: bool = True  # long-window layers' keys take their position-free dims from the previous token
+    backout: bool = True  # subtract backout_lambda * (lane 0 after backout_layer) before the LM head
+    backout_layer: int = 7  # the layer whose output (lane 0) is backed out
+    fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
+    attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
     # schedule
     scheduled_steps: int = 1470  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -174,7 +228,7 @@ class Hyperparameters:
 def hyperparameters_from_dict(d):
     """Inverse of dataclasses.asdict (checkpoints store the hyperparameters as plain data)."""
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k != "stages"}
-    return Hyperparameters(**fields, stages=tuple(Stage(**{**s, "windows": tuple(s["windows"])})
+    return Hyperparameters(**fields, stages=tuple(Stage(**{**s, **{k: tuple(s[k]) for k in TUPLE_STAGE_FIELDS}})
                                                   for s in d["stages"]))
 
 
@@ -187,6 +241,7 @@ def smoke_hyperparameters(**overrides):
         ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
         scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
+        bigram_vocab_size=256, paired_head_layers=(0, 2), backout_layer=2,
         adam_every=1)  # 10 steps are too few to learn the rule with half as many embedding updates
     return dataclasses.replace(hp, **overrides)
 
@@ -201,18 +256,24 @@ class Stage:
     batch_tokens: int  # global tokens per step (SLOTS micro-batches of batch_tokens // SLOTS)
     windows: tuple  # (short, long) attention windows, in BLOCK-token blocks
     lr_mul: float  # learning-rate multiplier before the cooldown (grows with the batch: ~ (B/B0)^0.5..0.6)
+    mtp_start: tuple = (1.0,)  # multi-token prediction weights w_0.. at the stage's first step ...
+    mtp_end: tuple = (1.0,)  # ... and at its end (linear in between, as in the public record)
 
 
-# The public record's three batch-size stages plus a short extension at the final learning rate.
+TUPLE_STAGE_FIELDS = ("windows", "mtp_start", "mtp_end")
+
+
+# The public record's three batch-size stages plus a short extension at the final learning rate; its
+# multi-token prediction weights [1, .5, .25 -> 0] -> [1, .5 -> 0] -> [1].
 STAGES = (
-    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0),
-    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52),
+    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
+    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52, (1.0, 0.5), (1.0, 0.0)),
     Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73),
     Stage(None, 24 * 2048 * 8, (6, 13), 1.0),
 )
 SMOKE_STAGES = (
-    Stage(1 / 2, 8 * 128, (1, 1), 1.0),
-    Stage(1.0, 8 * 256, (1, 2), 1.2),
+    Stage(1 / 2, 8 * 128, (1, 1), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
+    Stage(1.0, 8 * 256, (1, 2), 1.2, (1.0, 0.5), (1.0, 0.0)),
     Stage(None, 8 * 256, (2, 2), 1.0),
 )
 
@@ -267,6 +328,18 @@ def untie_step(hp):
 
 def windows_at(hp, step):
     return stage_at(hp, step)[1].windows
+
+
+def mtp_weights_at(hp, step):
+    """Multi-token prediction weights (w_0, w_1, ...) of a training step: the stage's mtp_start moved linearly
+    towards mtp_end by the fraction of the stage done (the public record's schedule); (1.0,) with --no-mtp."""
+    if not hp.mtp:
+        return (1.0,)
+    for start, end, s in stage_bounds(hp):
+        if step < end:
+            t = (step - start) / (end - start)
+            return tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end))
+    return tuple(hp.stages[-1].mtp_end)
 
 
 def micro_tokens_at(hp, step):
@@ -355,6 +428,10 @@ def init_params(hp, device, seed):
     C, V, L = hp.model_dim, hp.vocab_size, hp.num_layers
     n_attn, H = len(hp.attn_layers), hp.num_heads
     assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
+    if hp.paired_heads and H % 2:
+        raise ValueError(f"paired heads need an even num_heads, got {H} (or use --no-paired-heads)")
+    if hp.backout and not 0 <= hp.backout_layer < L:
+        raise ValueError(f"backout_layer {hp.backout_layer} is not a layer index (num_layers {L})")
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C)
 
     def uniform(*shape):
@@ -374,6 +451,8 @@ def init_params(hp, device, seed):
         torch.ones(n_sub),  # lane_w0: sublayer output weight into lane 0
         lane_w1,  # lane_w1: sublayer output weight into lane 1 (parallel layers)
         torch.tensor([-1.5]),  # skip_lambda: U-net skip gate = 2 * sigmoid(skip_lambda) (~0.36 at init)
+        torch.tensor([0.5, 1.0]).repeat(n_attn),  # attn_lambdas: (W_qkv, W_o) multipliers per attention layer
+        torch.tensor([0.0, 0.5]),  # smear_lambda, backout_lambda
     ])
     p = {
         "embed": head.T.contiguous(),  # tied to lm_head at init
@@ -384,17 +463,26 @@ def init_params(hp, device, seed):
         "attn_gate": torch.zeros(n_attn, H, hp.gate_dims),
         "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, hp.gate_dims),
         "scalars": scalars,
+        # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused),
+        # so the optimizer's table and a checkpoint's keys do not depend on the flags.
+        "bigram_embed": torch.zeros(hp.bigram_vocab_size, C),  # zero-initialised, as in the public record
+        "bigram_lambdas": torch.full((L,), 0.05),  # weight of the bigram embedding injected at each layer
+        "smear_gate": torch.zeros(1, hp.gate_dims),  # smear gate = smear_lambda * sigmoid(e[t, :G] . w)
     }
-    bf16 = ("embed", "lm_head", "value_embeds", "attn_bank", "mlp_bank")
+    bf16 = ("embed", "lm_head", "value_embeds", "attn_bank", "mlp_bank", "bigram_embed")
     dtype = getattr(torch, hp.param_dtype)
     return {k: v.to(device=device, dtype=dtype if k in bf16 else torch.float32).requires_grad_()
             for k, v in p.items()}
 
 
 def scalar_views(hp, scalars):
-    n = 2 * hp.num_layers
-    coefs = scalars[:4 * n].view(4, n).T  # (sublayer, [resid, x0, w0, w1])
-    return coefs, scalars[4 * n]
+    """(coefs (2L, 4) = [resid, x0, w0, w1] per sublayer, skip_lambda, attn_lambdas (n_attn, 2),
+    smear_lambda, backout_lambda); 0-d views of the one scalars tensor."""
+    n, n_attn = 2 * hp.num_layers, len(hp.attn_layers)
+    coefs = scalars[:4 * n].view(4, n).T
+    lam = scalars[4 * n + 1:4 * n + 1 + 2 * n_attn].view(n_attn, 2)
+    smear, backout = scalars[4 * n + 1 + 2 * n_attn:4 * n + 3 + 2 * n_attn]
+    return coefs, scalars[4 * n], lam, smear, backout
 
 
 # -----------------------------------------------------------------------------
@@ -405,13 +493,69 @@ def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
 
-def rotary_tables(hp, T, device, dtype):
-    """cos/sin (T, 1, D/2): rotary on the first half of each head's dims, the other half position-free."""
-    D = hp.head_dim
-    freq = (1 / 1024) ** torch.linspace(0, 1, steps=D // 4, dtype=torch.float32, device=device)
-    freq = torch.cat([freq, freq.new_zeros(D // 4)])
-    theta = torch.outer(torch.arange(T, dtype=torch.float32, device=device), freq)
-    return theta.cos()[:, None, :].to(dtype), theta.sin()[:, None, :].to(dtype)
+def rotary_freq(hp):
+    """(D/2,) fp32 angular frequencies of the rotary pairs (x[i], x[i + D/2]): D/4 of them from 1 down to
+    1/1024 rad per token, the other D/4 zero (position-free dims)."""
+    freq = (1 / 1024) ** torch.linspace(0, 1, steps=hp.head_dim // 4, dtype=torch.float32)
+    return torch.cat([freq, freq.new_zeros(hp.head_dim // 4)])
+
+
+def yarn_update(freq, scale, old, new, alpha=1, beta=32):
+    """The public record's YaRN step when the long window grows from ``old`` to ``new`` tokens: a frequency
+    that turns fewer than alpha times over the old window is divided by new/old (interpolated), one turning
+    more than beta times is kept, a linear ramp in between; the softmax scale grows by 0.2 ln(new/old) + 1."""
+    turns = old * freq / (2 * math.pi)
+    ratio = old / new
+    ramp = ((turns - alpha) / (beta - alpha)).clamp(0, 1)
+    return freq * (ratio + ramp * (1 - ratio)), scale * (0.2 * math.log(new / old) + 1)
+
+
+def yarn_state(hp, long_window):
+    """(freq (D/2,) fp32 on the CPU, softmax scale) for attention whose long window is ``long_window`` blocks.
+
+    As in the public record the update is applied at every change of the long window along the stage table
+    (it depends on the path: each step reads the frequencies the previous one left), starting from
+    rotary_freq and hp.attn_scale; a window the table never reaches is one update from the first stage's.
+    Without --yarn: the base frequencies and hp.attn_scale. Computed on the host once per window (cached)."""
+    freq, scale = rotary_freq(hp), hp.attn_scale
+    if not hp.yarn:
+        return freq, scale
+    path = []
+    for st in hp.stages:
+        if not path or path[-1] != st.windows[1]:
+            path.append(st.windows[1])
+        if st.windows[1] == long_window:
+            break
+    if path[-1] != long_window:
+        path = [path[0], long_window]
+    for old, new in zip(path, path[1:]):
+        freq, scale = yarn_update(freq, scale, old * BLOCK, new * BLOCK)
+    return freq, scale
+
+
+def rotary_tables(hp, T, device, dtype, freq=None, paired=False):
+    """cos/sin (T, 1, D/2) of angle position * freq (default: rotary_freq). paired: (T, H, D/2), head h at
+    token t rotated as position 2t + h % 2 (the public record's paired-head tables: the two heads of a pair
+    are consecutive positions of the interleaved sequence)."""
+    freq = (rotary_freq(hp) if freq is None else freq).to(device)
+    pos = torch.arange(T, dtype=torch.float32, device=device)[:, None]
+    if paired:
+        pos = 2 * pos + (torch.arange(hp.num_heads, device=device) % 2)[None]
+    theta = pos[..., None] * freq  # (T, 1 or H, D/2), one fp32 product per entry as torch.outer
+    return theta.cos().to(dtype), theta.sin().to(dtype)
+
+
+def bigram_hash(ids, rows, bos_id):
+    """(T,) int32 row of the bigram table per position: the public record's hash of (previous id, id),
+    (36313 * ids[t] xor 27191 * ids[t-1]) mod (rows - 1). A position without a previous token of its own
+    document, position 0 and every BOS, gets the reserved last row, rows - 1 (the record reserves it for
+    position 0 only and lets a BOS hash with the previous document's last token; we keep documents
+    independent, so a packed sequence scores like its documents one by one). int64 arithmetic: the same
+    values as the record's int32 for ids < 2^31 / 36313 (59138), which covers GPT-2's vocabulary."""
+    x = ids.to(torch.int64)
+    out = torch.full_like(x, rows - 1)
+    out[1:] = torch.bitwise_xor(36313 * x[1:], 27191 * x[:-1]) % (rows - 1)
+    return torch.where(x == bos_id, rows - 1, out).to(torch.int32)
 
 
 def rotary(x, cos, sin):
@@ -452,6 +596,11 @@ def block_tensors(docs, window_blocks):
     return (*ordered(partial), *ordered(full))
 
 
+def stationary_dims(D, device):
+    """(D,) bool: the head dims rotary leaves alone (pairs with zero frequency: i mod D/2 >= D/4)."""
+    return torch.arange(D, device=device) % (D // 2) >= D // 4
+
+
 def dense_mask(docs, window):
     """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the flex mask)."""
     T = docs.numel()
@@ -484,19 +633,37 @@ def dense_attend(q, k, v, docs, window, blocks, scale):
 
 
 def make_attn_sublayer(hp, attend):
-    H, D, G, scale = hp.num_heads, hp.head_dim, hp.gate_dims, hp.attn_scale
+    H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
-    def attn_sublayer(x, w_q, w_k, w_v, w_o, attn_gate, ve, ve_gate, cos, sin, docs, window, blocks):
-        """x (T, C) lane -> attention output (T, C). ve (T, C) and ve_gate (H, G) or both None."""
+    def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, docs, window, blocks,
+                      paired=False, key_offset=False, bos=None):
+        """x (T, C) lane -> attention output (T, C).
+
+        lam (2,) fp32 multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
+        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d fp32: the softmax scale,
+        applied to q (a tensor: YaRN changes it without a recompile). paired: docs/blocks are those of the
+        interleaved 2T sequence. key_offset: the keys' position-free dims are taken from the previous token,
+        except at the BOS positions (bos (T,) bool; the record shifts across documents too)."""
         T, C = x.shape
         h = rms_norm(x)
-        qkv = h @ torch.cat([w_q, w_k, w_v]).T  # (T, 3C)
-        q, k, v = qkv.view(T, 3, H, D).unbind(1)
-        q, k = rotary(rms_norm(q), cos, sin), rotary(rms_norm(k), cos, sin)
+        w_qkv = torch.cat([w_q, w_k, w_v])
+        if lam is not None:  # pre-multiplied weights, as the public record does (not the outputs)
+            w_qkv = lam[0].to(w_qkv.dtype) * w_qkv
+            w_o = lam[1].to(w_o.dtype) * w_o
+        q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
+        q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
+        k = rotary(rms_norm(k), cos, sin)
+        if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
+            k = torch.where(stationary_dims(D, k.device) & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
         if ve is not None:
             gate = 2 * torch.sigmoid(h[:, :G] @ ve_gate.to(h.dtype).T)  # (T, H)
             v = v + gate[..., None] * ve.view(T, H, D)
-        y = attend(q, k, v, docs, window, blocks, scale)
+        if paired:
+            # The public record's construction: each token's H*D values read as two tokens of H/2 heads, so
+            # new head j sees old head j at position 2t and old head j + H/2 at 2t + 1 (queries of one attend
+            # to keys of both); windows count tokens of the 2T sequence (half the reach).
+            q, k, v = (t.reshape(2 * T, H // 2, D) for t in (q, k, v))
+        y = attend(q, k, v, docs, window, blocks, 1.0).reshape(T, H, D)
         y = y * torch.sigmoid(h[:, :G] @ attn_gate.to(h.dtype).T)[..., None]
         return y.reshape(T, C) @ w_o.T
 
@@ -508,26 +675,126 @@ def mlp_sublayer(x, w_fc, w_proj_t):
     return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
 
 
-def residual_single(lane, out, x0, coef):
-    """lane <- resid * lane + w0 * (out + x0_lambda * x0); coef (4,) fp32 = [resid, x0_lambda, w0, w1]."""
+def residual_single(lane, out, x0, coef, bigram=None, b_lam=None):
+    """lane <- resid * lane + w0 * (out + x0_lambda * x0) [+ b_lam * bigram]; coef (4,) fp32 =
+    [resid, x0_lambda, w0, w1]; bigram (T, C) and b_lam 0-d fp32 or both None."""
     c = coef.to(lane.dtype)
-    return c[0] * lane + c[2] * (out + c[1] * x0)
+    lane = c[0] * lane + c[2] * (out + c[1] * x0)
+    return lane if bigram is None else lane + b_lam.to(lane.dtype) * bigram
 
 
-def residual_pair(lane0, lane1, out, x0, coef):
+def residual_pair(lane0, lane1, out, x0, coef, bigram=None, b_lam=None):
+    """Both lanes (parallel layers); the bigram injection goes into lane 0 only."""
     c = coef.to(lane0.dtype)
     out = out + c[1] * x0
-    return c[0] * lane0 + c[2] * out, c[0] * lane1 + c[3] * out
+    lane0 = c[0] * lane0 + c[2] * out
+    lane0 = lane0 if bigram is None else lane0 + b_lam.to(lane0.dtype) * bigram
+    return lane0, c[0] * lane1 + c[3] * out
+
+
+def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
+    """Token embeddings e (T, C) -> (x0, lane 0 before layer 0).
+
+    Smear (smear_gate (1, G) or None): e[t] += smear_lambda * sigmoid(e[t, :G] . smear_gate) * e[t-1] for t > 0
+    except where bos[t] ((T,) bool: the record smears across documents, we keep them independent).
+    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None)."""
+    G = smear_gate.shape[-1] if smear_gate is not None else 0
+    if smear_gate is not None:
+        g = smear_lambda.to(e.dtype) * torch.sigmoid(e[1:, :G] @ smear_gate.to(e.dtype).T)  # (T-1, 1)
+        g = g * (~bos[1:, None]).to(e.dtype)
+        e = torch.cat([e[:1], e[1:] + g * e[:-1]])
+    x0 = rms_norm(e)
+    return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
+
+
+# FP8 LM head (training only). Scales as in the public record: x is RMS-normed (|x| <= 100 fits e4m3's 448
+# after / x_s), the head's weights are small (|w| <= 1.6); the gradient scale follows our loss normalisation
+# (mean over the N rows of a micro-batch, / SLOTS): grad_s = FP8_GRAD_S / (N * SLOTS) puts the largest
+# gradients (~1/(N*SLOTS)) near 600 in e5m2, as the record's scale does for its summed loss.
+FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
+
+
+@torch.library.custom_op("speedrun::fp8_head_mm", mutates_args=())
+def fp8_head_mm(x: torch.Tensor, w: torch.Tensor, x_s: float, w_s: float,
+                grad_s: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, C) @ w (C, V) -> (N, V) in x's dtype through e4m3 copies x / x_s and w / w_s (also returned:
+    the backward reuses them). torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
+    x8 = (x / x_s).to(torch.float8_e4m3fn)
+    w8 = (w / w_s).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
+    out = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
+                           use_fast_accum=True)
+    return out, x8, w8
+
+
+@fp8_head_mm.register_fake
+def _(x, w, x_s, w_s, grad_s):
+    return (x.new_empty(x.shape[0], w.shape[1]), x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("speedrun::fp8_head_mm_bwd", mutates_args=())
+def fp8_head_mm_bwd(g: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float,
+                    grad_s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of fp8_head_mm: g (N, V) rounded to e5m2 as g / grad_s; dx = g @ w^T, dw = x^T @ g (C, V),
+    both in g's dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
+    g8 = (g / grad_s).to(torch.float8_e5m2)
+    one = torch.ones((), dtype=torch.float32, device=g.device)
+    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=g.dtype)
+    dw = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=one * x_s, scale_b=one * grad_s,
+                          out_dtype=g.dtype)
+    return dx, dw
+
+
+@fp8_head_mm_bwd.register_fake
+def _(g, x8, w8, x_s, w_s, grad_s):
+    return g.new_empty(x8.shape), g.new_empty(w8.shape)
+
+
+def _fp8_head_setup(ctx, inputs, output):
+    ctx.scales = inputs[2:]
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _fp8_head_backward(ctx, grad_out, *_):
+    x8, w8 = ctx.saved_tensors
+    dx, dw = fp8_head_mm_bwd(grad_out.contiguous(), x8, w8, *ctx.scales)
+    return dx, dw, None, None, None
+
+
+fp8_head_mm.register_autograd(_fp8_head_backward, setup_context=_fp8_head_setup)
+
+
+def fp8_head_support(device):
+    """(usable, reason): torch._scaled_mm with e4m3 needs a CUDA GPU of capability >= 8.9 (Ada, Hopper)."""
+    if device.type != "cuda":
+        return False, f"no FP8 matmul on {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        return False, f"capability {cap[0]}.{cap[1]} < 8.9"
+    return True, f"capability {cap[0]}.{cap[1]}"
+
+
+def head_matmul(x, lm_head, fp8):
+    """norm(x) (N, C) @ lm_head (C, V): FP8 (fp8_head_mm) or in the parameters' dtype."""
+    if fp8:
+        N = x.shape[0]
+        return fp8_head_mm(x.contiguous(), lm_head, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS))[0]
+    return x @ lm_head
 
 
 def head_logits(x, lm_head, softcap):
+    """Soft-capped fp32 logits (evaluation and sampling; never FP8)."""
     logits = rms_norm(x) @ lm_head  # (T, V), head stored (C, V)
     return softcap * torch.sigmoid((logits.float() + 5) / 7.5)
 
 
-def head_loss(x, lm_head, targets, softcap):
-    """Mean cross-entropy (fp32) of the soft-capped logits."""
-    return F.cross_entropy(head_logits(x, lm_head, softcap), targets)
+def head_loss(x, lm_head, targets, weights, softcap, ce, fp8):
+    """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
+    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
+    softcapped_cross_entropy (CUDA) or its _ref (CPU). With weights (1.0,): the mean next-token CE."""
+    logits = head_matmul(rms_norm(x), lm_head, fp8)
+    return ce(logits, targets, weights, softcap, 5.0, 7.5).mean()
 
 
 @dataclass
@@ -536,13 +803,19 @@ class ModelFns:
     mlp: object
     res_single: object
     res_pair: object
-    loss: object
+    prelude: object
+    loss: object  # training loss: multi-token weights, FP8 head when available
+    val_loss: object  # plain next-token mean CE, head in the parameters' dtype
     logits: object
+    head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
     """The compiled (or eager) model pieces. attention: "auto" (flex on CUDA, dense SDPA on the CPU) or
-    "dense" (tests compare against a float64 reference with it on either device)."""
+    "dense" (tests compare against a float64 reference with it on either device). The loss uses the Triton
+    cross-entropy kernel on CUDA and its PyTorch reference on the CPU (the interpreter is ~7x slower at V=50304).
+    The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul in the
+    parameters' dtype."""
     cuda = device.type == "cuda" and attention == "auto"
     if cuda:
         # Without whole-function compilation flex_attention still has to be compiled (its eager form
@@ -550,11 +823,18 @@ def build_fns(hp, device, compile_model, attention="auto"):
         attend = flex_attend if compile_model else torch.compile(flex_attend, fullgraph=True, dynamic=False)
     else:
         attend = dense_attend
-    fns = ModelFns(make_attn_sublayer(hp, attend), mlp_sublayer, residual_single, residual_pair,
-                   lambda x, w, t: head_loss(x, w, t, hp.softcap), lambda x, w: head_logits(x, w, hp.softcap))
+    ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
+    ok, why = fp8_head_support(device)
+    fp8 = hp.fp8_head and ok
+    head_path = (f"fp8 ({why})" if fp8 else
+                 f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})")
+    pieces = [make_attn_sublayer(hp, attend), mlp_sublayer, residual_single, residual_pair, embed_prelude,
+              lambda x, w, t, wk: head_loss(x, w, t, wk, hp.softcap, ce, fp8),
+              lambda x, w, t, wk: head_loss(x, w, t, wk, hp.softcap, ce, False),
+              lambda x, w: head_logits(x, w, hp.softcap)]
     if compile_model:
-        fns = ModelFns(*(torch.compile(f, fullgraph=True, dynamic=False) for f in dataclasses.astuple(fns)))
-    return fns
+        pieces = [torch.compile(f, fullgraph=True, dynamic=False) for f in pieces]
+    return ModelFns(*pieces, head_path=head_path)
 
 
 @dataclass
@@ -562,31 +842,59 @@ class MicroBatch:
     ids: torch.Tensor  # (T,) int32 inputs, on the device
     targets: torch.Tensor  # (T,) int64
     prep: object  # kernels.embedding.EmbeddingPrep for ids (None at validation)
+    bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
+    bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
+
+
+def paired_layers(hp):
+    return set(hp.paired_head_layers) if hp.paired_heads else set()
 
 
 class AttnContext:
-    """Per micro-batch: documents, rotary tables and the two (window tensor, block tensors) masks."""
+    """Per micro-batch: documents, rotary tables (YaRN-adjusted for the long window), softmax scale, and the
+    (window tensor, block tensors) masks, for the sequence and (paired heads) for its interleaved 2T copy.
+    Tables and scale are cached in rot_cache per (T, long window): made on a stage change, not per step."""
 
     def __init__(self, hp, ids, windows, rot_cache):
         T = ids.numel()
         if T % BLOCK:
             raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (flex_attention block size)")
+        dev, dtype = ids.device, getattr(torch, hp.param_dtype)
+        key = ("rope", T, windows[1])
+        if key not in rot_cache:
+            freq, scale = yarn_state(hp, windows[1])
+            rot_cache[key] = (rotary_tables(hp, T, dev, dtype, freq),
+                              rotary_tables(hp, T, dev, dtype, freq, paired=True) if paired_layers(hp) else None,
+                              torch.tensor(scale, dtype=torch.float32, device=dev))
+        (self.cos, self.sin), self.paired_tables, self.qscale = rot_cache[key]
+        self.bos = ids == hp.bos_id
         self.docs = doc_ids(ids, hp.bos_id)
-        if T not in rot_cache:
-            rot_cache[T] = rotary_tables(hp, T, ids.device, getattr(torch, hp.param_dtype))
-        self.cos, self.sin = rot_cache[T]
-        self.masks = {}
+        self.docs2 = self.docs.repeat_interleave(2) if paired_layers(hp) else None
+        self.masks, self.masks2 = {}, {}
         for w in set(windows):
             if ("window", w) not in rot_cache:  # made once: a fresh host->device copy per step could block
-                rot_cache[("window", w)] = torch.tensor(w * BLOCK, dtype=torch.int32, device=ids.device)
+                rot_cache[("window", w)] = torch.tensor(w * BLOCK, dtype=torch.int32, device=dev)
             self.masks[w] = (rot_cache[("window", w)], block_tensors(self.docs, w))
+            if self.docs2 is not None:
+                self.masks2[w] = (rot_cache[("window", w)], block_tensors(self.docs2, w))
 
 
-def trunk(hp, params, fns, ids, prep, windows, rot_cache):
-    """Embedding + all layers -> final residual (T, C). windows = (short, long) in blocks."""
+def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_prep=None):
+    """Embedding + all layers -> final residual (T, C). windows = (short, long) in blocks. bigram: (T,) int32
+    bigram_hash(ids) (hashed here on ids' device when None) and its EmbeddingPrep (or None)."""
     ctx = AttnContext(hp, ids, windows, rot_cache)
-    coefs, skip_lambda = scalar_views(hp, params["scalars"])
-    x0 = rms_norm(embedding(ids, params["embed"], prep=prep))
+    coefs, skip_lambda, attn_lam, smear_lambda, backout_lambda = scalar_views(hp, params["scalars"])
+    b_lams = params["bigram_lambdas"].unbind(0)
+    if hp.bigram:
+        if bigram is None:
+            bigram = bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
+        big = embedding(bigram, params["bigram_embed"], prep=bigram_prep)
+    else:
+        big = None
+    x0, lane0 = fns.prelude(embedding(ids, params["embed"], prep=prep), big,
+                            params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], ctx.bos)
+    attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
+    paired = paired_layers(hp)
     ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
     # unbind (not indexing): its backward writes the tables' gradients with one stack
     ves = [embedding(ids, w, prep=prep) for w in ve_w.unbind(0)]
@@ -594,7 +902,7 @@ def trunk(hp, params, fns, ids, prep, windows, rot_cache):
     mlp_w = params["mlp_bank"].unbind(0)
     attn_gates = params["attn_gate"].unbind(0)
     ve_gates = params["ve_gate"].unbind(0)
-    lane0, lane1, skip = x0, None, None
+    lane1, skip, back = None, None, None
     a = v = 0  # index of the next attention layer / value-embedding gate
     for i in range(hp.num_layers):
         if i == hp.parallel_start:
@@ -609,13 +917,21 @@ def trunk(hp, params, fns, ids, prep, windows, rot_cache):
             t = hp.ve_tables[i]
             ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
             v += t >= 0
-            out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, ctx.cos, ctx.sin,
-                           ctx.docs, win_t, blocks)
-            a += 1
-            if lane1 is None:
-                lane0 = fns.res_single(lane0, out, x0, coefs[2 * i])
+            lam = attn_lams[a] if attn_lams is not None else None
+            if i in paired:
+                out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, *ctx.paired_tables,
+                               ctx.qscale, ctx.docs2, win_t, ctx.masks2[window][1], paired=True)
             else:
-                lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i])
+                # the public record offsets the keys in its long-window layers (never paired there)
+                ko = hp.key_offset and i in hp.long_window_layers
+                out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, ctx.cos, ctx.sin,
+                               ctx.qscale, ctx.docs, win_t, blocks, key_offset=ko, bos=ctx.bos)
+            a += 1
+            inject = (big, b_lams[i]) if big is not None and i > 0 else ()  # layer 0's is in the prelude
+            if lane1 is None:
+                lane0 = fns.res_single(lane0, out, x0, coefs[2 * i], *inject)
+            else:
+                lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i], *inject)
         if i == hp.skip_from:
             skip = lane0
         out = fns.mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
@@ -623,13 +939,29 @@ def trunk(hp, params, fns, ids, prep, windows, rot_cache):
             lane0 = fns.res_single(lane0, out, x0, coefs[2 * i + 1])
         else:
             lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i + 1])
-    return lane0 if lane1 is None else (lane0 + lane1) * 0.5
+        if i == hp.backout_layer:
+            back = lane0
+    x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
+    if hp.backout:
+        # Back out what the first layers wrote for later context rather than for the prediction (public record).
+        x = x - backout_lambda.to(x.dtype) * back
+    return x
 
 
-def forward(hp, params, fns, batch, windows, rot_cache):
-    """Mean cross-entropy of one micro-batch (a 0-d fp32 tensor)."""
-    x = trunk(hp, params, fns, batch.ids, batch.prep, windows, rot_cache)
-    return fns.loss(x, params["lm_head"], batch.targets)
+def forward(hp, params, fns, batch, windows, rot_cache, mtp=None):
+    """Loss of one micro-batch (a 0-d fp32 tensor). mtp: (K,) fp32 multi-token weights on the device (the
+    training loss, mean over rows of the weighted sum) or None (validation: mean next-token CE)."""
+    x = trunk(hp, params, fns, batch.ids, batch.prep, windows, rot_cache, batch.bigram, batch.bigram_prep)
+    if mtp is None:
+        return fns.val_loss(x, params["lm_head"], batch.targets, val_weights(rot_cache, x.device))
+    return fns.loss(x, params["lm_head"], batch.targets, mtp)
+
+
+def val_weights(cache, device):
+    """The (1,) weight tensor [1.0] of the plain next-token loss, made once per device."""
+    if ("val_weights", device) not in cache:
+        cache[("val_weights", device)] = torch.ones(1, dtype=torch.float32, device=device)
+    return cache[("val_weights", device)]
 
 
 # -----------------------------------------------------------------------------
@@ -643,13 +975,17 @@ ADAM_TABLE = {
     "lm_head": (1.0, (0.5, 0.95), 150.0),
     "value_embeds": (75.0, (0.75, 0.95), 5.0),
     "embed": (1.0, (0.5, 0.95), 150.0),
+    "bigram_embed": (75.0, (0.75, 0.95), 5.0),
+    "bigram_lambdas": (1.0, (0.9, 0.95), 0.0),
+    "smear_gate": (0.01, (0.9, 0.99), 0.0),
 }
 MUON_NAMES = ("attn_bank", "mlp_bank")
 # Adam groups stepped only every adam_every steps (slow_adam_step): the big embedding-like tables, whose
 # reduce-scatter, update and all-gather dominate the Adam traffic. Names not in ORDER are ignored.
 ADAM_SLOW = frozenset({"embed", "lm_head", "value_embeds", "bigram_embed"})
 # Reduce order: small Adam tensors first, then the big ones whose update waits longest; embed after lm_head.
-ORDER = ("scalars", "attn_gate", "ve_gate", "lm_head", "value_embeds", "embed", "attn_bank", "mlp_bank")
+ORDER = ("scalars", "attn_gate", "ve_gate", "smear_gate", "bigram_lambdas", "lm_head", "value_embeds", "bigram_embed",
+         "embed", "attn_bank", "mlp_bank")
 
 
 class Group:
@@ -980,9 +1316,14 @@ class TrainLoader:
             ids = torch.from_numpy(buf[:-1].astype(np.int32))
             targets = torch.from_numpy(buf[1:])
             prep = prepare_ids(ids, self.hp.vocab_size)
+            extra = ()
+            if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
+                bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
+                extra = (bigram, prepare_ids(bigram, self.hp.bigram_vocab_size))
             if self.d.device.type == "cuda":
                 ids, targets, prep = ids.pin_memory(), targets.pin_memory(), prep.pin_memory()
-            micro.append((ids, targets, prep))
+                extra = tuple(t.pin_memory() for t in extra)
+            micro.append((ids, targets, prep, *extra))
         return micro, new_state
 
     def _worker(self, state):
@@ -1006,8 +1347,7 @@ class TrainLoader:
         micro, self.state = item
         self._start(self.state)  # prepare the following step while this one trains
         dev = self.d.device
-        return [MicroBatch(i.to(dev, non_blocking=True), t.to(dev, non_blocking=True),
-                           p.to(dev, non_blocking=True)) for i, t, p in micro]
+        return [MicroBatch(*(x.to(dev, non_blocking=True) for x in m)) for m in micro]
 
     def close(self):
         if self._thread is not None:
@@ -1168,6 +1508,9 @@ class Trainer:
         self.val_tokens = load_shard(val_files[0], mmap=True)
         self.val_micro = val_plan(hp, len(self.val_tokens))
         self.rot_cache = {}
+        # Multi-token weights of every step as device tensors, made once (a per-step copy could block).
+        self.mtp = [torch.tensor(mtp_weights_at(hp, s), dtype=torch.float32, device=d.device)
+                    for s in range(hp.total_steps)]
         # --hellaswag-every: examples rendered and packed once; eager model pieces (their own shapes)
         self.hellaswag = HellaSwag(hp, d) if hp.hellaswag_every > 0 else None
         self.eval_fns = build_fns(hp, d.device, compile_model=False) if hp.compile else self.fns
@@ -1192,7 +1535,7 @@ class Trainer:
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
                 self.opt.final = slow
-            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache) / SLOTS
+            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, self.mtp[step]) / SLOTS
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
@@ -1274,7 +1617,9 @@ def compile_warmup(trainer, log):
         # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
         log("compile_warmup_s: 0.0")
         return 0
-    torch._dynamo.config.recompile_limit = 32  # 2 attention variants x (3 train shapes + val) per function
+    # 6 attention variants (value embedding, paired, key offset) x (3 train shapes + val + HellaSwag), plus
+    # the loss per number of multi-token weights
+    torch._dynamo.config.recompile_limit = 64
     warm_s = warmup(trainer)
     log(f"compile_warmup_s: {warm_s:.1f}")
     return unique_graphs()
@@ -1466,6 +1811,7 @@ def run_training(hp, args, d):
     hp = fit_to_data(hp, train_files, val_files)
     log, run_id = open_log(hp, args, d, train_files, val_files)
     trainer = Trainer(hp, d, train_files, val_files)
+    log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
     graphs_after_warmup = compile_warmup(trainer, log)

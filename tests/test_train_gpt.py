@@ -222,6 +222,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     """Trainer.train_step at world size 1, fp32: the gradient it accumulates over the 8 micro-steps equals the
     gradient of the MEAN micro-batch loss over the global batch (autograd of that mean, computed here), and the
     train_loss it returns is that mean. At step 0 the near-uniform initial head puts it within 0.05 of ln(vocab)
+    times the mean multi-token weight of a row
     (a loss scaled by 8, or summed instead of averaged, is off by a factor). World size 2: the gloo test above
     holds its train_loss lines to these within 2e-4."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
@@ -234,7 +235,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}) for mb in mbs]
+    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, tr.mtp[0]) for mb in mbs]
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
@@ -253,7 +254,10 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     assert abs(loss - mean.item()) <= 1e-5 * mean.item(), (loss, mean.item())
     # every due reduce-scatter was started inside the backward (embed is folded into lm_head while tied)
     assert started == set(tg.ORDER) - {"embed"}, started
-    assert abs(mean.item() - math.log(hp.vocab_size)) < 0.05, mean.item()
+    # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
+    w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
+    row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
+    assert abs(mean.item() - row_weight * math.log(hp.vocab_size)) < 0.05, mean.item()
     # Tied at step 0: the last micro-step's backward folds the embedding's gradient into the head's (transposed)
     # before starting the head's reduce-scatter, so the head's accumulator holds the tied gradient.
     grads["lm_head"] = grads["lm_head"] + grads["embed"].T
@@ -317,7 +321,7 @@ def test_world_size_2_gradient_shards_are_the_global_batch_mean(smoke_data, tmp_
     mbs = tr.loader.next()
     tr.loader.close()
     names = list(tr.params)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}) for mb in mbs]
+    losses = [tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}, tr.mtp[0]) for mb in mbs]
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, [tr.params[k] for k in names], allow_unused=True)))
     assert ranks[0]["tied"] and ranks[1]["tied"]
@@ -344,11 +348,12 @@ def _perturbed_params(hp, seed, device="cpu"):
         C = hp.model_dim
         p["attn_bank"].view(-1, 4, C, C)[:, 3] = torch.randn(p["attn_bank"].shape[0] // 4, C, C, generator=g) * C ** -0.5
         p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
-        for k in ("attn_gate", "ve_gate"):
+        for k in ("attn_gate", "ve_gate", "smear_gate", "bigram_embed"):
             p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
         n = 2 * hp.num_layers
         p["scalars"][n:2 * n] = torch.rand(n, generator=g) * 0.5  # x0_lambdas
         p["scalars"][:n] += torch.randn(n, generator=g) * 0.1
+        p["scalars"][4 * n + 1:] += 0.2  # attention lambdas, smear (0 at init: no smear gradient) and backout
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
@@ -366,7 +371,8 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     """fp32 model: two accumulated half-batch micro-steps (loss/2 each) vs one micro-step over the whole batch.
     The halves start with BOS, so the document mask separates them in the joint batch too; only the rotary
     positions differ (angles up to 256 rad in fp32: ~2^-24*256 = 1.5e-5 absolute), hence 2e-4 x max|grad|
-    for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error)."""
+    for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error). Every model feature
+    is on: smear, key offset and the bigram hash do not read across a BOS, so the cut cannot matter."""
     hp = tg.smoke_hyperparameters(param_dtype="float32")
     T = 128
     ids, targets = _batch(hp, 2 * T, seed=5, n_docs=4)
@@ -414,7 +420,7 @@ def test_slow_adam_schedule():
     assert tg.slow_adam_step(odd, odd.total_steps - 1), "the last step always updates the slow groups"
     assert [s for s in range(7) if tg.slow_adam_step(dataclasses.replace(hp, adam_every=3), s)] == [2, 5]
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
-    assert {"embed", "lm_head", "value_embeds"} <= tg.ADAM_SLOW
+    assert {"embed", "lm_head", "value_embeds", "bigram_embed"} <= tg.ADAM_SLOW
 
 
 def _feed(opt, params, grads, names):
@@ -438,7 +444,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device):
     g0 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
     g1 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
     slow = [k for k in pa if k in tg.ADAM_SLOW]
-    assert sorted(slow) == ["embed", "lm_head", "value_embeds"]
+    assert sorted(slow) == ["bigram_embed", "embed", "lm_head", "value_embeds"]
     a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
     start = {k: v.detach().clone() for k, v in pa.items()}
     _feed(a, pa, g0, pa)
@@ -549,6 +555,11 @@ def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_dat
 # Flat forward vs a plain reference
 
 
+# The record #74 features (tests/test_model.py), all off: the base model _ref_forward describes.
+NO_FEATURES = {f: False for f in ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout",
+                                  "fp8_head", "attn_lambdas")}
+
+
 def _ref_forward(hp, P, ids, window_tokens):
     """Straightforward per-layer GPT in the dtype of P (float64 for the reference), SDPA with explicit mask."""
     T, C, H, D = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim
@@ -622,8 +633,9 @@ def _ref_forward(hp, P, ids, window_tokens):
 
 def test_flat_forward_matches_reference(device):
     """fp32 flat forward vs the reference in float64 (rule 1: at most 2x the reference's own fp32 error).
-    Dense attention on both devices (flex_attention is checked against it separately)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32")
+    Dense attention on both devices (flex_attention is checked against it separately). The record #74
+    features are off here (the base model); tests/test_model.py checks each of them."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", **NO_FEATURES)
     params = _perturbed_params(hp, seed=11, device=device)
     ids, targets = _batch(hp, 384, seed=12, n_docs=5)
     windows = (1, 2)
@@ -631,7 +643,7 @@ def test_flat_forward_matches_reference(device):
     with torch.no_grad():
         x = tg.trunk(hp, params, fns, ids.to(device), None, windows, {})
         ours = fns.logits(x, params["lm_head"]).cpu()
-        ours_loss = fns.loss(x, params["lm_head"], targets.to(device)).cpu()
+        ours_loss = fns.val_loss(x, params["lm_head"], targets.to(device), torch.ones(1, device=device)).cpu()
         P64 = {k: v.detach().cpu().double() for k, v in params.items()}
         P32 = {k: v.detach().cpu().float() for k, v in params.items()}
         wt = (windows[0] * tg.BLOCK, windows[1] * tg.BLOCK)
@@ -713,7 +725,7 @@ def test_compiled_flex_sublayer_matches_dense_on_cpu(window_blocks):
     win = torch.tensor(window_blocks * tg.BLOCK, dtype=torch.int32)
     blocks = tg.block_tensors(docs, window_blocks)
     args = [torch.randn(T, C, generator=g), *(torch.randn(C, C, generator=g) * C ** -0.5 for _ in range(4)),
-            torch.randn(H, hp.gate_dims, generator=g) * 0.3, torch.randn(T, C, generator=g),
+            torch.tensor([0.7, 1.3]), torch.randn(H, hp.gate_dims, generator=g) * 0.3, torch.randn(T, C, generator=g),
             torch.randn(H, hp.gate_dims, generator=g) * 0.3]
     flex = torch.compile(tg.make_attn_sublayer(hp, tg.flex_attend), fullgraph=True, dynamic=False)
     dense = tg.make_attn_sublayer(hp, tg.dense_attend)
@@ -721,7 +733,7 @@ def test_compiled_flex_sublayer_matches_dense_on_cpu(window_blocks):
     def run(fn, dtype):
         cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype)
         with torch.no_grad():
-            return fn(*(a.to(dtype) for a in args), cos, sin, docs, win, blocks)
+            return fn(*(a.to(dtype) for a in args), cos, sin, torch.tensor(hp.attn_scale), docs, win, blocks)
 
     ours = run(flex, torch.float32)
     assert_matches_torch(ours, run(dense, torch.float64), run(dense, torch.float32), name="flex sublayer")

@@ -1,0 +1,617 @@
+"""The record #74 model features of train_gpt.py (bigram hash embedding, paired-head attention, multi-token
+prediction, smear, YaRN, key offset, backout, FP8 head, attention lambdas), each against a construction written
+again here from the public record's description (float64 where possible), plus one full forward with every
+feature on against a float64 reference model, and a short check that every --no-<feature> flag runs.
+
+CPU: fp32 and float64, dense attention, the cross-entropy reference. GPU only (skipped without CUDA): the FP8
+head against bf16, and the compiled head with the Triton cross-entropy kernel against the reference.
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tolerances import assert_close_report, assert_matches_torch
+
+import train_gpt as tg
+
+HAS_CUDA = torch.cuda.is_available()
+FEATURES = ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout", "fp8_head", "attn_lambdas")
+
+
+def norm(x):
+    """RMS norm with F.rms_norm's default epsilon (the unit roundoff of x's dtype)."""
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+
+
+def spec_hash(ids, rows, bos):
+    """Record #74's get_bigram_hash in Python integers with int32 semantics: position 0 -> rows - 1, else
+    (36313 * cur xor 27191 * prev) mod (rows - 1); and our rule: a BOS -> rows - 1."""
+    out = [rows - 1]
+    for prev, cur in zip(ids[:-1], ids[1:]):
+        if cur == bos:
+            out.append(rows - 1)
+            continue
+        a, b = (36313 * cur) & 0xFFFFFFFF, (27191 * prev) & 0xFFFFFFFF
+        v = a ^ b
+        v = v - (1 << 32) if v >= 1 << 31 else v  # int32
+        out.append(v % (rows - 1))
+    return out
+
+
+def spec_freq(D):
+    """Angular frequency of rotary pair (i, i + D/2), float64: D/4 from 1 to 1/1024, then D/4 zeros."""
+    f = [(1 / 1024) ** (j / (D // 4 - 1)) for j in range(D // 4)]
+    return torch.tensor(f + [0.0] * (D // 4), dtype=torch.float64)
+
+
+def spec_yarn(freq, scale, windows_tokens):
+    """YaRN as record #74's Yarn.apply, in float64, along a list of long windows (tokens)."""
+    for old, new in zip(windows_tokens, windows_tokens[1:]):
+        turns = old * freq / (2 * math.pi)
+        ramp = ((turns - 1) / 31).clamp(0, 1)
+        freq = freq * (old / new + ramp * (1 - old / new))
+        scale = scale * (0.2 * math.log(new / old) + 1)
+    return freq, scale
+
+
+def rope(x, angle):
+    """x (..., D), angle (..., D/2) broadcastable: rotate pairs (i, i + D/2) by angle (our layout)."""
+    D = x.shape[-1]
+    a, b = x[..., :D // 2], x[..., D // 2:]
+    c, s = angle.cos(), angle.sin()
+    return torch.cat([a * c + b * s, b * c - a * s], -1)
+
+
+def masked_attention(q, k, v, docs, window, scale):
+    """Explicit softmax attention, q/k/v (S, H, D): key j visible from i iff j <= i, i - j < window, same doc."""
+    S = q.shape[0]
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None]
+    mask = (j <= i) & (i - j < window) & (docs[:, None] == docs[None])
+    s = torch.einsum("ihd,jhd->hij", q, k) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), v)
+
+
+def docs_of(ids, bos):
+    out, d = [], 0
+    for t in ids.tolist():
+        d += t == bos
+        out.append(d)
+    return torch.tensor(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bigram hash
+
+
+def test_bigram_hash_formula_range_and_position_zero():
+    rows = 5 * 512
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 512, (300,), generator=g, dtype=torch.int32)
+    ids[[0, 17, 150]] = 511  # BOS tokens, including position 0
+    got = tg.bigram_hash(ids, rows, 511)
+    assert got.dtype == torch.int32
+    assert got.tolist() == spec_hash(ids.tolist(), rows, 511)
+    assert got[0] == rows - 1 and got[17] == rows - 1 and got[150] == rows - 1  # position 0 and BOS: reserved
+    others = got[ids != 511]
+    assert 0 <= int(others.min()) and int(others.max()) < rows - 1  # the others never use the reserved row
+    assert got[18] == spec_hash([511, int(ids[18])], rows, -1)[1]  # the token after a BOS hashes with the BOS
+    assert torch.equal(tg.bigram_hash(ids.clone(), rows, 511), got)  # deterministic
+    # GPT-2 sized ids: int32 products stay below 2^31, our int64 arithmetic gives the same
+    big = torch.tensor([50256, 50255, 0, 50303, 12345], dtype=torch.int32)
+    assert tg.bigram_hash(big, 5 * 50304, 50256).tolist() == spec_hash(big.tolist(), 5 * 50304, 50256)
+
+
+def test_loader_hashes_bigrams_of_its_ids(tmp_path):
+    import numpy as np
+    from data.shards import write_shard
+    rng = np.random.default_rng(0)
+    docs = [np.concatenate([[511], rng.integers(0, 511, size=int(rng.integers(20, 200)))]) for _ in range(120)]
+    write_shard(tmp_path / "t_000001.bin", np.concatenate(docs).astype(np.uint16))
+    hp = tg.smoke_hyperparameters()
+    loader = tg.TrainLoader(hp, [tmp_path / "t_000001.bin"], tg.Dist(), lambda s: 128)
+    mbs = loader.next()
+    loader.close()
+    for mb in mbs:
+        assert mb.bigram.tolist() == spec_hash(mb.ids.tolist(), hp.bigram_vocab_size, hp.bos_id)
+        assert torch.equal(mb.bigram_prep.sorted_ids, torch.sort(mb.bigram).values)
+    off = tg.TrainLoader(dataclasses.replace(hp, bigram=False), [tmp_path / "t_000001.bin"], tg.Dist(), lambda s: 128)
+    mb = off.next()[0]
+    off.close()
+    assert mb.bigram is None and mb.bigram_prep is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# YaRN and the multi-token schedule
+
+
+def test_yarn_state_follows_the_stage_path():
+    hp = tg.Hyperparameters()
+    f0 = spec_freq(hp.head_dim)
+    assert_close_report(tg.rotary_freq(hp).double(), f0, atol=0, rtol=8 * 2 ** -24, name="base freq")
+    # (1,3) -> (3,7) -> (5,11) -> (6,13): the long window goes 3 -> 7 -> 11 -> 13 blocks
+    for w, path in [(3, [3]), (7, [3, 7]), (11, [3, 7, 11]), (13, [3, 7, 11, 13])]:
+        freq, scale = tg.yarn_state(hp, w)
+        ef, es = spec_yarn(f0, hp.attn_scale, [128 * x for x in path])
+        assert_close_report(freq.double(), ef, atol=0, rtol=8 * 2 ** -24, name=f"yarn freq w={w}")
+        assert scale == pytest.approx(es, rel=1e-12)
+    # a window the table never reaches: one update from the first stage's long window
+    freq, scale = tg.yarn_state(hp, 20)
+    ef, es = spec_yarn(f0, hp.attn_scale, [384, 2560])
+    assert_close_report(freq.double(), ef, atol=0, rtol=8 * 2 ** -24, name="yarn freq w=20")
+    assert scale == pytest.approx(es, rel=1e-12)
+    # sanity of the hand computation: fast pairs kept, slow pairs interpolated, position-free pairs stay 0
+    ef, _ = spec_yarn(f0, 1.0, [384, 896])
+    assert ef[0] == f0[0] and ef[hp.head_dim // 4 - 1] == pytest.approx(f0[hp.head_dim // 4 - 1] * 384 / 896)
+    assert (ef[hp.head_dim // 4:] == 0).all()
+    off = dataclasses.replace(hp, yarn=False)
+    freq, scale = tg.yarn_state(off, 13)
+    assert torch.equal(freq, tg.rotary_freq(hp)) and scale == hp.attn_scale
+
+
+def test_rotary_tables_plain_and_paired():
+    hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
+    T, H = 8, 4
+    freq, _ = spec_yarn(spec_freq(16), 1.0, [128, 256])
+    cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), torch.float64, freq.float())
+    ang = torch.arange(T, dtype=torch.float64)[:, None, None] * freq.float().double()
+    assert cos.shape == (T, 1, 8)
+    assert_close_report(cos, ang.cos(), atol=1e-6, name="cos")
+    cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), torch.float64, freq.float(), paired=True)
+    assert cos.shape == (T, H, 8)
+    for h in range(H):  # head h of token t: position 2t + h % 2
+        ang = (2 * torch.arange(T, dtype=torch.float64) + h % 2)[:, None] * freq.float().double()
+        assert_close_report(sin[:, h], ang.sin(), atol=1e-6, name=f"paired sin head {h}")
+
+
+def test_mtp_weights_follow_the_record_schedule():
+    hp = tg.Hyperparameters()
+    assert tg.mtp_weights_at(hp, 0) == (1.0, 0.5, 0.25)
+    assert tg.mtp_weights_at(hp, 245) == pytest.approx((1.0, 0.5, 0.125))  # half of stage 0 (0..490)
+    assert tg.mtp_weights_at(hp, 490) == (1.0, 0.5)
+    assert tg.mtp_weights_at(hp, 735) == pytest.approx((1.0, 0.25))
+    assert tg.mtp_weights_at(hp, 980) == (1.0,) and tg.mtp_weights_at(hp, 1509) == (1.0,)
+    assert tg.mtp_weights_at(dataclasses.replace(hp, mtp=False), 0) == (1.0,)
+    smoke = tg.smoke_hyperparameters()
+    assert [len(tg.mtp_weights_at(smoke, s)) for s in range(smoke.total_steps)] == [3] * 4 + [2] * 4 + [1] * 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-token loss
+
+
+def test_mtp_loss_is_the_weighted_sum_inside_the_micro_batch():
+    """head_loss (CPU: cross-entropy reference) with weights [1, 0, 0] is the plain mean CE; with
+    [1, .5, .25] the mean over rows t of sum_k w_k CE(z_t, target[t + k]) for t + k < N, written out here."""
+    hp = tg.smoke_hyperparameters()
+    g = torch.Generator().manual_seed(1)
+    N, C, V = 37, 16, 50
+    x = torch.randn(N, C, generator=g, dtype=torch.float64)
+    w = torch.randn(C, V, generator=g, dtype=torch.float64) * 0.5
+    targets = torch.randint(0, V, (N,), generator=g)
+    xn = x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps)  # F.rms_norm, float64
+    z = hp.softcap * torch.sigmoid((xn @ w + 5) / 7.5)
+    ce = F.cross_entropy(z, targets, reduction="none")
+    loss = lambda wk: tg.head_loss(x, w, targets, torch.tensor(wk, dtype=torch.float64), hp.softcap,
+                                   tg.softcapped_cross_entropy_ref, False)
+    assert_close_report(loss([1.0, 0.0, 0.0]), ce.mean(), atol=1e-12, name="mtp [1,0,0]")
+    wk = [1.0, 0.5, 0.25]
+    total = 0.0
+    for t in range(N):
+        for k in range(3):
+            if t + k < N:
+                total += wk[k] * F.cross_entropy(z[t:t + 1], targets[t + k:t + k + 1])
+    assert_close_report(loss(wk), total / N, atol=1e-12, name="mtp [1,.5,.25]")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention sublayer: paired heads, key offset, lambdas
+
+
+def _sublayer_inputs(hp, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    C, H = hp.model_dim, hp.num_heads
+    ids = torch.randint(0, 500, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 50, 51, 90]] = hp.bos_id
+    W = [torch.randn(C, C, generator=g, dtype=torch.float64) * C ** -0.5 for _ in range(4)]
+    return dict(ids=ids, x=torch.randn(T, C, generator=g, dtype=torch.float64), W=W,
+                lam=torch.tensor([0.7, 1.3], dtype=torch.float64),
+                ag=torch.randn(H, hp.gate_dims, generator=g, dtype=torch.float64) * 0.3,
+                ve=torch.randn(T, C, generator=g, dtype=torch.float64),
+                vg=torch.randn(H, hp.gate_dims, generator=g, dtype=torch.float64) * 0.3)
+
+
+def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset):
+    """The attention sublayer written out: lambdas on the weights, QK-norm, rotary, key offset, value
+    embedding, and for paired heads the explicit interleaved sequence of record #74."""
+    x, (Wq, Wk, Wv, Wo), lam = inp["x"], inp["W"], inp["lam"]
+    T, C = x.shape
+    H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
+    h = norm(x)
+    q = (h @ (lam[0] * Wq).T).view(T, H, D)
+    k = (h @ (lam[0] * Wk).T).view(T, H, D)
+    v = (h @ (lam[0] * Wv).T).view(T, H, D)
+    q, k = norm(q), norm(k)
+    docs = docs_of(inp["ids"], hp.bos_id)
+    v = v + 2 * torch.sigmoid(h[:, :G] @ inp["vg"].T)[..., None] * inp["ve"].view(T, H, D)
+    if not paired:
+        ang = torch.arange(T, dtype=x.dtype)[:, None, None] * freq.to(x.dtype)
+        q, k = rope(q, ang), rope(k, ang)
+        if key_offset:
+            still = torch.cat([freq == 0, freq == 0])  # dims whose rotation angle is always 0
+            k2 = k.clone()
+            for t in range(1, T):
+                if inp["ids"][t] != hp.bos_id:  # a BOS keeps its own key
+                    k2[t, :, still] = k[t - 1, :, still]
+            k = k2
+        y = masked_attention(q, k, v, docs, window, scale)
+    else:
+        # new head j: old head j at position 2t, old head j + H/2 at position 2t + 1; old head h is rotated
+        # as position 2t + h % 2 (record #74 rotates pairs (2j, 2j+1) before reading the memory as 2T tokens)
+        Hp = H // 2
+        qs, ks, vs = (torch.zeros(2 * T, Hp, D, dtype=x.dtype) for _ in range(3))
+        for t in range(T):
+            for hh in range(H):
+                pos, j = 2 * t + hh // Hp, hh % Hp
+                ang = (2 * t + hh % 2) * freq
+                qs[pos, j], ks[pos, j], vs[pos, j] = rope(q[t, hh], ang), rope(k[t, hh], ang), v[t, hh]
+        ys = masked_attention(qs, ks, vs, docs.repeat_interleave(2), window, scale)
+        y = torch.zeros(T, H, D, dtype=x.dtype)
+        for t in range(T):
+            for hh in range(H):
+                y[t, hh] = ys[2 * t + hh // Hp, hh % Hp]
+    y = y * torch.sigmoid(h[:, :G] @ inp["ag"].T)[..., None]
+    return y.reshape(T, C) @ (lam[1] * Wo).T
+
+
+@pytest.mark.parametrize("paired,key_offset,heads", [(True, False, 4), (True, False, 2), (False, True, 4),
+                                                     (False, False, 4)])
+def test_attention_sublayer_matches_explicit_construction(paired, key_offset, heads):
+    hp = tg.smoke_hyperparameters(num_heads=heads, head_dim=64 // heads)
+    T, window = 128, 48
+    inp = _sublayer_inputs(hp, T, seed=3)
+    freq, scale = spec_yarn(spec_freq(hp.head_dim), 0.12, [128, 256])
+    expected = _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset)
+    fn = tg.make_attn_sublayer(hp, tg.dense_attend)
+
+    def run(dtype):
+        fq = freq.to(dtype)
+        cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, fq, paired=paired)
+        docs = tg.doc_ids(inp["ids"], hp.bos_id)
+        docs = docs.repeat_interleave(2) if paired else docs
+        with torch.no_grad():
+            return fn(inp["x"].to(dtype), *(w.to(dtype) for w in inp["W"]), inp["lam"].to(dtype), inp["ag"].to(dtype),
+                      inp["ve"].to(dtype), inp["vg"].to(dtype), cos, sin, torch.tensor(scale, dtype=dtype), docs,
+                      window, None, paired=paired, key_offset=key_offset, bos=inp["ids"] == hp.bos_id)
+
+    assert_close_report(run(torch.float64), expected, atol=1e-10, name="float64 sublayer")
+    assert_matches_torch(run(torch.float32), expected, _spec_sublayer(
+        hp, {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else
+                 [w.float() for w in v] if isinstance(v, list) else v) for k, v in inp.items()},
+        window, float(scale), freq.float(), paired, key_offset), name="fp32 sublayer")
+    # the construction matters: the plain sublayer differs
+    if paired or key_offset:
+        plain = _spec_sublayer(hp, inp, window, scale, freq, False, False)
+        assert (plain - expected).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------
+# Smear, backout, bigram, lambdas: one full forward against a float64 reference model
+
+
+def spec_forward(hp, P, ids, windows):
+    """Record #74's forward on our model (see train_gpt's docstring), per layer, in P's dtype."""
+    T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size
+    dt, G = P["embed"].dtype, hp.gate_dims
+    n, n_attn = 2 * L, len(hp.attn_layers)
+    sc = P["scalars"]
+    resid, x0l, w0, w1, skip_l = sc[:n], sc[n:2 * n], sc[2 * n:3 * n], sc[3 * n:4 * n], sc[4 * n]
+    lams = sc[4 * n + 1:4 * n + 1 + 2 * n_attn].view(n_attn, 2)
+    smear_l, backout_l = sc[4 * n + 1 + 2 * n_attn], sc[4 * n + 2 + 2 * n_attn]
+    # long windows of the smoke table: 1 -> 2 blocks; windows (., 2) come after one YaRN update
+    path = [128] if windows[1] == 1 else [128, 256]
+    freq, scale = spec_yarn(spec_freq(D), hp.attn_scale, path) if hp.yarn else (spec_freq(D), hp.attn_scale)
+    freq = freq.float().to(dt)  # train_gpt keeps the frequencies in fp32
+    e = P["embed"][ids.long()]
+    if hp.smear:
+        e2 = e.clone()
+        for t in range(1, T):
+            if ids[t] == hp.bos_id:  # no smear into a document's first token
+                continue
+            e2[t] = e[t] + smear_l * torch.sigmoid(e[t, :G] @ P["smear_gate"][0]) * e[t - 1]
+        e = e2
+    x0 = norm(e)
+    big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size, hp.bos_id))] if hp.bigram else None
+    lane0 = x0 if big is None else x0 + P["bigram_lambdas"][0] * big
+    lane1, skip, back = None, None, None
+    ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
+    vg = 0
+    for i in range(L):
+        if i == hp.parallel_start:
+            lane1 = lane0
+        if i == hp.skip_to:
+            lane0 = lane0 + 2 * torch.sigmoid(skip_l) * skip
+            lane1 = None if lane1 is None else lane1 + 2 * torch.sigmoid(skip_l) * skip
+        if i in hp.attn_layers:
+            a = hp.attn_layers.index(i)
+            paired = hp.paired_heads and i in hp.paired_head_layers
+            long = i in hp.long_window_layers
+            t = hp.ve_tables[i]
+            inp = dict(ids=ids, x=lane0, W=list(P["attn_bank"][4 * a:4 * a + 4]),
+                       lam=lams[a] if hp.attn_lambdas else torch.ones(2, dtype=dt), ag=P["attn_gate"][a],
+                       ve=ve_tabs[t][ids.long()] if t >= 0 else torch.zeros(T, C, dtype=dt),
+                       vg=P["ve_gate"][vg] if t >= 0 else torch.zeros(H, G, dtype=dt))
+            vg += t >= 0
+            out = _spec_sublayer(hp, inp, 128 * windows[1 if long else 0], scale, freq, paired,
+                                 hp.key_offset and long and not paired)
+            out = out + x0l[2 * i] * x0
+            l0 = resid[2 * i] * lane0 + w0[2 * i] * out
+            if big is not None and i > 0:
+                l0 = l0 + P["bigram_lambdas"][i] * big
+            lane1 = None if lane1 is None else resid[2 * i] * lane1 + w1[2 * i] * out
+            lane0 = l0
+        if i == hp.skip_from:
+            skip = lane0
+        out = torch.relu(norm(lane0 if lane1 is None else lane1) @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
+        out = out + x0l[2 * i + 1] * x0
+        lane0, lane1 = (resid[2 * i + 1] * lane0 + w0[2 * i + 1] * out,
+                        None if lane1 is None else resid[2 * i + 1] * lane1 + w1[2 * i + 1] * out)
+        if i == hp.backout_layer:
+            back = lane0
+    x = lane0 if lane1 is None else (lane0 + lane1) / 2
+    if hp.backout:
+        x = x - backout_l * back
+    return hp.softcap * torch.sigmoid((norm(x) @ P["lm_head"] + 5) / 7.5)
+
+
+def perturbed(hp, seed):
+    """init_params with every zero-initialised tensor and every feature scalar moved, fp32."""
+    p = tg.init_params(hp, torch.device("cpu"), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for k in ("attn_gate", "ve_gate", "smear_gate", "bigram_embed"):
+            p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
+        C = hp.model_dim
+        p["attn_bank"].view(-1, 4, C, C)[:, 3] = torch.randn(p["attn_bank"].shape[0] // 4, C, C, generator=g) * C ** -0.5
+        p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
+        p["bigram_lambdas"].add_(torch.rand(hp.num_layers, generator=g) * 0.3)
+        n = 2 * hp.num_layers
+        p["scalars"][n:2 * n] = torch.rand(n, generator=g) * 0.5  # x0 lambdas
+        p["scalars"][4 * n + 1:] += torch.randn(p["scalars"].numel() - 4 * n - 1, generator=g) * 0.3
+    return {k: v.detach().requires_grad_() for k, v in p.items()}
+
+
+def _ids(hp, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, hp.bos_id, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 40, 41, T // 2 + 7, T - 20]] = hp.bos_id
+    return ids
+
+
+def test_full_forward_with_every_feature_matches_reference():
+    """fp32 trunk + head (dense attention) vs spec_forward in float64 (rule 1 with spec_forward in fp32),
+    every feature on; and each feature changes the logits (the comparison would see it missing)."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
+    params = perturbed(hp, seed=5)
+    ids, windows = _ids(hp, 384, seed=6), (1, 2)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    with torch.no_grad():
+        ours = fns.logits(tg.trunk(hp, params, fns, ids, None, windows, {}), params["lm_head"])
+        P64 = {k: v.detach().double() for k, v in params.items()}
+        P32 = {k: v.detach().float() for k, v in params.items()}
+        assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
+                             name="logits, all features")
+        for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
+            off = dataclasses.replace(hp, **{f: False})
+            other = fns.logits(tg.trunk(off, params, fns, ids, None, windows, {}), params["lm_head"])
+            # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
+            assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
+            assert_matches_torch(other, spec_forward(off, P64, ids, windows), spec_forward(off, P32, ids, windows),
+                                 name=f"logits without {f}")
+
+
+def test_full_forward_gradients_reach_every_feature_parameter():
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
+    params = perturbed(hp, seed=7)
+    ids = _ids(hp, 256, seed=8)
+    targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    prep = tg.prepare_ids(ids, hp.vocab_size)
+    big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
+    mb = tg.MicroBatch(ids, targets, prep, big, tg.prepare_ids(big, hp.bigram_vocab_size))
+    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25]))
+    loss.backward()
+    for k in ("bigram_embed", "bigram_lambdas", "smear_gate"):
+        assert params[k].grad is not None and params[k].grad.abs().max() > 0, k
+    n, n_attn = 2 * hp.num_layers, len(hp.attn_layers)
+    assert (params["scalars"].grad[4 * n + 1:4 * n + 3 + 2 * n_attn] != 0).all()  # lambdas, smear, backout
+    # the bigram gradient lands on the hashed rows only (through our deterministic embedding kernel)
+    rows = set(big.tolist())
+    touched = set(torch.nonzero(params["bigram_embed"].grad.abs().sum(1)).flatten().tolist())
+    assert touched == rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# FP8 head
+
+
+def test_fp8_head_falls_back_to_the_same_math_on_cpu():
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
+    on, off = (tg.build_fns(dataclasses.replace(hp, fp8_head=f), torch.device("cpu"), compile_model=False)
+               for f in (True, False))
+    assert on.head_path == "float32 (no FP8 matmul on cpu)" and off.head_path == "float32 (--no-fp8-head)"
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(128, hp.model_dim, generator=g)
+    w = (torch.randn(hp.model_dim, 512, generator=g) * 0.05).requires_grad_()
+    t = torch.randint(0, 512, (128,), generator=g)
+    wk = torch.tensor([1.0, 0.5])
+    la = on.loss(x, w, t, wk)
+    ga, = torch.autograd.grad(la, w)
+    lb = off.loss(x, w, t, wk)
+    gb, = torch.autograd.grad(lb, w)
+    assert torch.equal(la, lb) and torch.equal(ga, gb)
+
+    def spec(x, w):  # the head in the parameters' dtype: mean_t [CE(z_t, t_t) + 0.5 CE(z_t, t_{t+1})]
+        z = hp.softcap * torch.sigmoid((norm(x) @ w + 5) / 7.5)
+        ce = F.cross_entropy(z, t, reduction="none")
+        return (ce.sum() + 0.5 * F.cross_entropy(z[:-1], t[1:], reduction="sum")) / len(t)
+
+    # fp32 mean of N = 128 row losses summed in another order than the spec: bound N * u relative (the
+    # worst case of recursive summation); a bf16 matmul would be off by ~2^-8 relative.
+    e = spec(x.double(), w.detach().double())
+    assert_close_report(la, e, atol=128 * 2 ** -24 * e.abs().item(), name="fallback loss")
+
+
+def _scaled_mm_works(device):
+    try:
+        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, a.T.contiguous().T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _fp8_spec(x, w, g, grad_s):
+    """FP8 head in float64 from its definition: x, w, g divided by their scales (in their own dtype, as record
+    #74 does), rounded to e4m3 / e4m3 / e5m2, multiplied back; the products exact in float64."""
+    q = lambda t, s, dt: (t / s).to(dt).double() * s
+    xq, wq = q(x, tg.FP8_X_S, torch.float8_e4m3fn), q(w, tg.FP8_W_S, torch.float8_e4m3fn)
+    gq = q(g, grad_s, torch.float8_e5m2)
+    return xq @ wq, gq @ wq.T, xq.T @ gq
+
+
+@pytest.mark.skipif(not _scaled_mm_works("cpu"), reason="this torch has no CPU torch._scaled_mm")
+def test_fp8_head_op_matches_quantised_matmul_on_cpu():
+    """The custom op (forward and backward) equals float64 matmuls of the quantised operands up to the fp32
+    accumulation and the output rounding (bf16 here: 2^-8 relative of the largest output)."""
+    g = torch.Generator().manual_seed(4)
+    N, C, V = 64, 32, 48
+    x = norm(torch.randn(N, C, generator=g)).bfloat16().requires_grad_()
+    w = (torch.randn(C, V, generator=g) * 0.2).bfloat16().requires_grad_()
+    gs = tg.FP8_GRAD_S / (N * tg.SLOTS)
+    out = tg.fp8_head_mm(x, w, tg.FP8_X_S, tg.FP8_W_S, gs)[0]
+    gout = (torch.randn(N, V, generator=g) / (N * tg.SLOTS)).bfloat16()
+    dx, dw = torch.autograd.grad(out, (x, w), gout)
+    e_out, e_dx, e_dw = _fp8_spec(x.detach(), w.detach(), gout, gs)
+    for name, a, e in (("out", out, e_out), ("dx", dx, e_dx), ("dw", dw, e_dw)):
+        assert a.dtype == torch.bfloat16
+        assert_close_report(a.double(), e, atol=2 ** -8 * e.abs().max().item(), name=f"fp8 {name}")
+    # the quantisation is real: the exact bf16 product differs by more than the bound above
+    exact = x.detach().double() @ w.detach().double()
+    assert (exact - e_out).abs().max() > 2 ** -8 * e_out.abs().max()
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 matmul needs CUDA capability >= 8.9")
+def test_fp8_head_close_to_bf16_on_gpu():
+    """Speedrun-shaped compiled head (N=2048, C=768, V=50304): FP8 vs bf16 training loss within 1e-2
+    absolute (e4m3 has 3 mantissa bits: ~3% per operand, averaged over C=768 terms per logit), the weight and
+    input gradients within 5% of their largest entry; and the FP8 op matches its float64 quantised spec."""
+    dev = torch.device("cuda")
+    hp = tg.Hyperparameters()
+    fp8 = tg.build_fns(hp, dev, compile_model=True)
+    bf = tg.build_fns(dataclasses.replace(hp, fp8_head=False), dev, compile_model=True)
+    assert fp8.head_path.startswith("fp8")
+    g = torch.Generator().manual_seed(0)
+    N = 2048
+    x = torch.randn(N, 768, generator=g).to(dev, torch.bfloat16).requires_grad_()
+    w = (torch.randn(768, 50304, generator=g) * 0.005 * 8).to(dev, torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 50257, (N,), generator=g).to(dev)
+    wk = torch.tensor([1.0, 0.5, 0.25], device=dev)
+    res = []
+    for fns in (fp8, bf):
+        loss = fns.loss(x, w, t, wk)
+        res.append((loss.detach(), *torch.autograd.grad(loss, (x, w))))
+    (l8, dx8, dw8), (lb, dxb, dwb) = res
+    assert abs(l8.item() - lb.item()) < 1e-2, (l8.item(), lb.item())
+    assert_close_report(dx8.float(), dxb.float(), atol=0.05 * dxb.abs().max().item(), name="fp8 dx")
+    assert_close_report(dw8.float(), dwb.float(), atol=0.05 * dwb.abs().max().item(), name="fp8 dw")
+    xn = tg.rms_norm(x.detach())
+    gs = tg.FP8_GRAD_S / (N * tg.SLOTS)
+    out = tg.fp8_head_mm(xn, w.detach(), tg.FP8_X_S, tg.FP8_W_S, gs)[0][:256]  # 256 rows: a float64 CPU spec
+    e_out, _, _ = _fp8_spec(xn[:256].cpu(), w.detach().cpu(), torch.zeros(256, 50304), gs)
+    assert_close_report(out.double().cpu(), e_out, atol=2 ** -7 * e_out.abs().max().item(), name="fp8 out (GPU)")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the Triton cross-entropy kernel in the compiled head is the CUDA path")
+def test_compiled_head_with_ce_kernel_matches_reference_on_gpu():
+    """Compiled training head (bf16 matmul, Triton CE kernel) vs eager head with the CE reference, bf16 inputs:
+    loss and gradients (rule 1 against float64)."""
+    dev = torch.device("cuda")
+    hp = dataclasses.replace(tg.Hyperparameters(), fp8_head=False)
+    fns = tg.build_fns(hp, dev, compile_model=True)
+    g = torch.Generator().manual_seed(1)
+    N, V = 1024, 50304
+    x = torch.randn(N, 768, generator=g).to(dev, torch.bfloat16).requires_grad_()
+    w = (torch.randn(768, V, generator=g) * 0.04).to(dev, torch.bfloat16).requires_grad_()
+    t = torch.randint(0, 50257, (N,), generator=g).to(dev)
+    wk = torch.tensor([1.0, 0.5, 0.25], device=dev)
+    loss = fns.loss(x, w, t, wk)
+    dx, dw = torch.autograd.grad(loss, (x, w))
+    ref = lambda a, b, c: tg.head_loss(a, b, t, c, hp.softcap, tg.softcapped_cross_entropy_ref, False)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    l64 = ref(x64, w64, wk.double())
+    dx64, dw64 = torch.autograd.grad(l64, (x64, w64))
+    lbf = ref(x, w, wk)
+    dxbf, dwbf = torch.autograd.grad(lbf, (x, w))
+    assert_matches_torch(loss, l64, lbf, name="compiled head loss")
+    assert_matches_torch(dx, dx64, dxbf, name="compiled head dx")
+    assert_matches_torch(dw, dw64, dwbf, name="compiled head dw")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Every --no-<feature> flag: parsed, and one training micro-step runs and learns
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_disable_flag_parses_and_trains(feature):
+    args = tg.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"])
+    hp = tg.hyperparameters_from(args)
+    assert getattr(hp, feature) is False
+    assert all(getattr(hp, f) for f in FEATURES if f != feature)
+    hp = dataclasses.replace(hp, param_dtype="float32", vocab_size=512, bos_id=511)
+    params = perturbed(hp, seed=1)
+    ids = _ids(hp, 128, seed=2)
+    targets = torch.roll(ids.long(), -1)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False)
+    mb = tg.MicroBatch(ids, targets, tg.prepare_ids(ids, hp.vocab_size))
+    mtp = torch.tensor(tg.mtp_weights_at(hp, 0))
+    opt = tg.Optimizer(hp, params, tg.Dist())
+    losses = []
+    for step in range(2):
+        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, mtp)
+        loss.backward()
+        opt.accumulate()
+        opt.step(step, 1.0, 0.9)
+        losses.append(loss.item())
+    assert math.isfinite(losses[0]) and losses[1] < losses[0], losses
+
+
+@pytest.mark.parametrize("paired,key_offset", [(True, False), (False, True)])
+def test_compiled_flex_sublayer_paired_and_key_offset_match_dense_on_cpu(paired, key_offset):
+    """The GPU form of the sublayer (compiled, flex_attention with block tensors of the 2T sequence for paired
+    heads), forward on the CPU (flex has no CPU backward), fp32, against the dense sublayer (rule 1 with the
+    dense one in float64 and fp32)."""
+    hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
+    T, w = 256, 1
+    inp = _sublayer_inputs(hp, T, seed=9)
+    freq, scale = tg.yarn_state(hp, 2)
+    flex = torch.compile(tg.make_attn_sublayer(hp, tg.flex_attend), fullgraph=True, dynamic=False)
+    dense = tg.make_attn_sublayer(hp, tg.dense_attend)
+
+    def run(fn, dtype):
+        cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, freq, paired=paired)
+        docs = tg.doc_ids(inp["ids"], hp.bos_id)
+        docs = docs.repeat_interleave(2) if paired else docs
+        with torch.no_grad():
+            return fn(inp["x"].to(dtype), *(t.to(dtype) for t in inp["W"]), inp["lam"].to(dtype), inp["ag"].to(dtype),
+                      inp["ve"].to(dtype), inp["vg"].to(dtype), cos, sin, torch.tensor(scale), docs,
+                      torch.tensor(w * tg.BLOCK, dtype=torch.int32), tg.block_tensors(docs, w), paired=paired,
+                      key_offset=key_offset, bos=inp["ids"] == hp.bos_id)
+
+    assert_matches_torch(run(flex, torch.float32), run(dense, torch.float64), run(dense, torch.float32),
+                         name=f"flex sublayer paired={paired} key_offset={key_offset}")
