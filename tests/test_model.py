@@ -413,16 +413,18 @@ def test_full_forward_with_every_feature_matches_reference():
                                  name=f"logits without {f}")
 
 
-def test_full_forward_gradients_reach_every_feature_parameter():
+def test_full_forward_gradients_reach_every_feature_parameter(device):
+    """On the test device: the embedding backward is our Triton kernel (interpreted on the CPU)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
-    params = perturbed(hp, seed=7)
+    params = {k: v.detach().to(device).requires_grad_() for k, v in perturbed(hp, seed=7).items()}
     ids = _ids(hp, 256, seed=8)
     targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
     prep = tg.prepare_ids(ids, hp.vocab_size)
     big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
-    mb = tg.MicroBatch(ids, targets, prep, big, tg.prepare_ids(big, hp.bigram_vocab_size))
-    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25]))
+    mb = tg.MicroBatch(ids.to(device), targets.to(device), prep.to(device), big.to(device),
+                       tg.prepare_ids(big, hp.bigram_vocab_size).to(device))
+    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25], device=device))
     loss.backward()
     for k in ("bigram_embed", "bigram_lambdas", "smear_gate"):
         assert params[k].grad is not None and params[k].grad.abs().max() > 0, k
@@ -568,19 +570,19 @@ def test_compiled_head_with_ce_kernel_matches_reference_on_gpu():
 
 
 @pytest.mark.parametrize("feature", FEATURES)
-def test_disable_flag_parses_and_trains(feature):
+def test_disable_flag_parses_and_trains(feature, device):
     args = tg.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"])
     hp = tg.hyperparameters_from(args)
     assert getattr(hp, feature) is False
     assert all(getattr(hp, f) for f in FEATURES if f != feature)
     hp = dataclasses.replace(hp, param_dtype="float32", vocab_size=512, bos_id=511)
-    params = perturbed(hp, seed=1)
+    params = {k: v.detach().to(device).requires_grad_() for k, v in perturbed(hp, seed=1).items()}
     ids = _ids(hp, 128, seed=2)
     targets = torch.roll(ids.long(), -1)
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False)
-    mb = tg.MicroBatch(ids, targets, tg.prepare_ids(ids, hp.vocab_size))
-    mtp = torch.tensor(tg.mtp_weights_at(hp, 0))
-    opt = tg.Optimizer(hp, params, tg.Dist())
+    fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
+    mb = tg.MicroBatch(ids.to(device), targets.to(device), tg.prepare_ids(ids, hp.vocab_size).to(device))
+    mtp = torch.tensor(tg.mtp_weights_at(hp, 0), device=device)
+    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     losses = []
     for step in range(2):
         loss = tg.forward(hp, params, fns, mb, (1, 2), {}, mtp)
