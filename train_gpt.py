@@ -1060,9 +1060,16 @@ class Optimizer:
         """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
         gradients set by hand (tests); in a backward the hook below has done this already."""
         for g in self.groups.values():
-            if g.param.grad is not None:
-                g.acc[:g.rows].add_(g.param.grad)
-                g.param.grad = None
+            self._fold(g)
+
+    @staticmethod
+    def _fold(g):
+        """acc += grad and free the gradient; False when the parameter holds none."""
+        if g.param.grad is None:
+            return False
+        g.acc[:g.rows].add_(g.param.grad)
+        g.param.grad = None
+        return True
 
     @torch.no_grad()
     def _grad_ready(self, g):
@@ -1070,10 +1077,8 @@ class Optimizer:
         into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
         reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
         gradients (the embedding's is added to it first, as step() would)."""
-        if g.param.grad is None:
+        if not self._fold(g):
             return
-        g.acc[:g.rows].add_(g.param.grad)
-        g.param.grad = None
         if self.final is None or (g.name in ADAM_SLOW and not self.final):
             return
         if self.tied and g.name in ("embed", "lm_head"):
