@@ -38,7 +38,7 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
     where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
     `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head. Measured cost: the op runs
     eagerly, and its backward's transposed e5m2 copy of the (N, V) gradient took 13% of a stage-2 step on one
-    H200 (records/2026-11-23_ModelParity1xH200Short), more than the FP8 matmuls save; not yet fixed.
+    H200 (records/2026-11-23_ModelParity1xH200Short), longer than the FP8 matmul kernels; not yet fixed.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
