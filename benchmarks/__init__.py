@@ -1,9 +1,10 @@
-"""Benchmark cases, one module per kernel family, run by ``python -m kernels.bench``.
+"""Benchmark cases, one module per kernel family, and their driver: ``python -m benchmarks``.
 
 Each ``benchmarks/<family>.py`` exposes ``bench_cases(device, tune=False)`` returning the case dicts that
-``kernels/bench.py``'s docstring describes. The cases live here, not in the kernel modules, so that the
-source a training run copies into its log holds no benchmark code. A new family is a new module in this
-package: the driver lists the package (``families()``), so no other file changes.
+the driver's docstring (``benchmarks/__main__.py``) describes. The cases live here, not in the kernel modules,
+so that the source a training run copies into its log holds no benchmark code. A new family is a new module
+in this package: the driver lists the package (``families()``, which skips private names such as
+``__main__``), so no other file changes.
 """
 import pkgutil
 

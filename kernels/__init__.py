@@ -9,7 +9,7 @@
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the
   trainer's MFU line and the benchmark's roofline.
 - ``kernels._checks``: input checks shared by the launchers.
-- ``kernels.bench``: ``python -m kernels.bench``, the benchmark driver; the cases live in ``benchmarks/``.
 
-Importing this package does no work: each module is imported on its own.
+The benchmark driver and its cases live in the ``benchmarks`` package (``python -m benchmarks``), which imports
+this one, never the reverse. Importing this package does no work: each module is imported on its own.
 """

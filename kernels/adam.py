@@ -31,7 +31,7 @@ Shapes and dtypes: any shapes (treated as flat, contiguous); params fp32 / bf16 
 (the trainer may hand fp32 grads of bf16 params); exp_avg, exp_avg_sq and master fp32.
 
 Used by ``train_gpt.py``: :func:`fused_adamw_multi_step` (per-tensor hyperparameters) on the trainer's own sharded
-buffers; :class:`FusedAdamW` wraps the same launches as a torch optimizer. ``python -m kernels.bench --only adam``
+buffers; :class:`FusedAdamW` wraps the same launches as a torch optimizer. ``python -m benchmarks --only adam``
 times it (24M bf16 parameters with fp32 masters: 28 bytes/element, ~157 us at 4.3 TB/s on an H200).
 """
 import collections
@@ -44,7 +44,7 @@ import triton.language as tl
 from kernels._checks import check_kernel_device
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# (BLOCK, num_warps), tuned on one H200 (2026-11-22, `python -m kernels.bench --only adam --tune`, 24M bf16
+# (BLOCK, num_warps), tuned on one H200 (2026-11-22, `python -m benchmarks --only adam --tune`, 24M bf16
 # elements with fp32 master): (1024, 4) 188.6 us (86.9% of the 28 B/element roofline; 185.9 us graph-replayed),
 # against 196.6 for (2048, 8), 193.5 for (8192, 16) and 248.2 for the first default (4096, 8).
 DEFAULT_CONFIG = (1024, 4)

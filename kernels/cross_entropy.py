@@ -68,7 +68,7 @@ MAX_K = 4
 
 # Launch configuration per logits dtype: columns per tile, warps. Not yet measured: a 2048-column tile of
 # bf16 is 4 KB per tile, 8 warps give each thread 8 contiguous bf16 (one 16-byte load); fp32 uses half the
-# columns for the same bytes. `python -m kernels.bench --only cross_entropy --tune` times TUNING_CANDIDATES
+# columns for the same bytes. `python -m benchmarks --only cross_entropy --tune` times TUNING_CANDIDATES
 # on a GPU; the winners belong here with the GPU named.
 DEFAULT_CONFIG = {
     torch.bfloat16: dict(BLOCK_V=2048, num_warps=8),

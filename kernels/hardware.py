@@ -1,4 +1,5 @@
-"""Facts about the machine and the code being measured, shared by ``train_gpt.py`` and ``kernels/bench.py``.
+"""Facts about the machine and the code being measured, shared by ``train_gpt.py`` and the benchmark
+driver (``benchmarks/__main__.py``).
 
 ``CEILINGS``: per GPU, the memory bandwidth (bytes/s, read + write counted) and dense bf16 matmul rate
 (FLOP/s) measured on the lent machines (device-to-device copy and a large bf16 matmul, see

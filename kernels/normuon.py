@@ -44,7 +44,7 @@ NORM_EPS = 1e-10  # floor of ||u||_F: a zero matrix (shard padding) keeps u = 0 
 
 # (BLOCK_L, BLOCK_A, stats warps, BLOCK, apply warps): pass 1 lines per program and elements per line per loop
 # iteration, pass 2 elements per program. First guess: 32 x 256 fp32 tiles in pass 1, 4096 elements per program in
-# pass 2 like kernels.momentum. `python -m kernels.bench --only normuon --tune` on one H200 (2026-11-23,
+# pass 2 like kernels.momentum. `python -m benchmarks --only normuon --tune` on one H200 (2026-11-23,
 # records/2026-11-23_ModelParity1xH200Short/kernels_bench_normuon_adam.csv), 22x3072x768 only: this default
 # 220.0 us; candidates below 216.0, 214.9, 244.4, 259.7 us. Kept: within 2.4% of the best, the other shape untuned.
 _DEFAULT_CONFIG = (32, 256, 8, 4096, 8)

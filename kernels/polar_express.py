@@ -58,7 +58,7 @@ Where train_gpt.py uses it: the Muon step calls ``polar_express(x, normalized=Tr
 ``nesterov_momentum`` for each group of same-shaped matrices: per GPU in the 8-GPU layout, the attention
 weights (5, 768, 768) (wide path) and the MLP weights (3, 3072, 768) (tall path).
 
-Speed (H200; design targets, measured by ``python -m kernels.bench``): the Gram calls launch few CTAs
+Speed (H200; design targets, measured by ``python -m benchmarks``): the Gram calls launch few CTAs
 (a (4, 768, 3072) X X^T has 84 upper tiles of 128 x 128 for 132 SMs), so the default tile is 64 x 64 when
 128 x 128 tiles would not fill the SMs. Launch configurations are initial choices for H100/H200, not yet
 tuned on the device; ``TUNING_CANDIDATES`` are what the benchmark's tuning pass tries. The first H200

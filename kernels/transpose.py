@@ -45,7 +45,7 @@ ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Tiles for the usual case, where src and dst are contiguous along different dimensions (a real
 # transpose), keyed by element size in bytes: (BLOCK_M, BLOCK_N, num_warps). Each tile row is at least
 # 128 bytes (one full cache line) on both sides, and a tile is 8-16 KB so that several CTAs per SM keep
-# enough bytes in flight. 2-byte entry tuned on one H200 (2026-11-22, `python -m kernels.bench --only
+# enough bytes in flight. 2-byte entry tuned on one H200 (2026-11-22, `python -m benchmarks --only
 # transpose --tune`, bf16 768x50304: 128x128w8 42.3 us copy / 61.0 us add, against 54.9 / 63.2 us for 64x64w4);
 # the 4-byte entry is an initial choice, not yet tuned on the device.
 _TRANSPOSE_CONFIG = {2: (128, 128, 8), 4: (64, 64, 8)}

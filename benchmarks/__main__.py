@@ -1,7 +1,9 @@
-"""One benchmark for every kernel family: ``python -m kernels.bench [--only NAME ...] [--csv PATH]``.
+"""One benchmark for every kernel family: ``python -m benchmarks [--only NAME ...] [--csv PATH]``.
 
-Each module of the ``benchmarks`` package (``benchmarks/<family>.py``, found by listing the package, so a new
-family needs no change here) exposes ``bench_cases(device, tune=False)``, returning a list of dicts:
+The driver is this package's ``__main__``: it sits beside the cases it runs and imports only downwards
+(``benchmarks`` -> ``kernels``). Each module of the package (``benchmarks/<family>.py``, found by listing the
+package, so a new family needs no change here) exposes ``bench_cases(device, tune=False)``, returning a list
+of dicts:
 
     op        str       kernel name as the module exports it, e.g. "transpose_copy"
     shape     str       human-readable shape, e.g. "768x50304"
@@ -70,7 +72,7 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
     import torch
     import triton
     if not torch.cuda.is_available():
-        sys.exit("kernels.bench needs a CUDA GPU: timings under the Triton interpreter mean nothing.")
+        sys.exit("python -m benchmarks needs a CUDA GPU: timings under the Triton interpreter mean nothing.")
     gpu = torch.cuda.get_device_name()
     bw, peak = gpu_ceilings(gpu)
     rows = []
@@ -118,7 +120,7 @@ def run(modules, csv_path, warmup_ms, rep_ms, tune=False):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     names = families()
     ap.add_argument("--only", nargs="*", choices=names, help="kernel families to run (default: all)")
     ap.add_argument("--csv", default="kernels_bench.csv", help="CSV output path ('' to skip)")
