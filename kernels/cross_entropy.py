@@ -33,24 +33,48 @@ compile-time constant: one compilation per K). A, B, C finite Python floats, C n
 fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype, a fresh contiguous
 tensor (no (N, V) fp32 temporary is made).
 
+FP8 gradient for the FP8 LM head. The trainer's FP8 head multiplies the logits gradient in float8_e5m2 twice:
+dx = g @ W^T takes it (N, V) row-major, dW = x^T @ g takes g as the second operand, which torch._scaled_mm on
+Hopper wants column-major, i.e. a row-major (V, N) copy of g^T. :func:`softcapped_cross_entropy_bwd_e5m2` writes
+both from one read of the logits, with a positive FP8 gradient scale ``scale`` (a Python float):
+
+    g8[t, v] = g8t[v, t] = RNE_e5m2(dL/dx[t, v] / scale)                  g8 (N, V), g8t (V, N), float8_e5m2
+
+dL/dx is the fp32 value above, never rounded to bf16 on the way (the eager path it replaces rounded twice:
+dlogits to bf16, the division by the scale in bf16, then the cast), with 1/scale folded into the constant
+A / (C * scale). RNE_e5m2 is round to nearest, ties to even, onto e5m2's grid: 2 mantissa bits, normals from
+2^-14, subnormals the multiples of 2^-16, largest finite 57344; magnitudes from 61440 on become +-inf and NaN
+stays NaN, as torch's ``.to(torch.float8_e5m2)`` does (the two agree bit for bit on every fp32 input but NaN
+payloads). The kernel rounds by integer arithmetic on the fp32 bits, not with Triton's fp32 -> fp8 conversion
+(see ``_e5m2_bits``). g8t holds the same bytes as g8, transposed; both are fresh contiguous tensors.
+
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
-NaN loss and a NaN gradient row, which the training loop's loss check sees. Nothing is read out of bounds.
+NaN loss and a NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t), which the training
+loop's loss check sees. Nothing is read out of bounds.
 
-Kernels (one program per row; each walks the row in tiles of BLOCK_V columns: the full tiles without
-masks, then one masked tail tile when BLOCK_V does not divide V):
+Kernels (the first two run one program per row, which walks the row in tiles of BLOCK_V columns: the full
+tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * ``_ce_fwd_kernel``: m_t and S_t, then the K gathers of z at the targets; writes losses and stats. Reads
     the logits once.
   * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - m_t) / S_t, writes dlogits.
     Reads the logits once and writes the gradient once.
+  * ``_ce_bwd_e5m2_kernel`` (2-D grid): program (i, j) takes rows [i*BN, (i+1)*BN) x columns [j*BV, (j+1)*BV),
+    loads those rows' m_t, S_t, g_t and K targets and weights, computes the tile of dL/dx / scale in fp32,
+    rounds it to e5m2 and stores it to g8 and, transposed in registers/shared memory (``tl.trans``), to g8t.
+    Tiles inside the tensor take an unmasked path; those on the last row block or column block a masked one.
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
-written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. Each element also costs three special-function
+written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes
+2 x 2.47 GB: 9.9 GB, 2.3 ms at 4.3 TB/s, against 24.7 ms measured per micro-step on one H200 for the eager path
+it replaces (bf16 backward, divide and cast, transposed copy). Each element also costs three special-function
 operations in each kernel (two exp and the sigmoid's reciprocal), of the same order of time on H100/H200, so
 the kernels may end up bound by those units rather than by memory.
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
-``torch.compile(fullgraph=True)``). On the CPU the Triton interpreter is slow at real vocabulary sizes
+``torch.compile(fullgraph=True)``); :func:`softcapped_cross_entropy_bwd_e5m2` for the FP8 head's backward
+(train_gpt.py does not call it yet: its FP8 backward still casts and transposes eagerly; ``python -m benchmarks
+--only cross_entropy`` measures both). On the CPU the Triton interpreter is slow at real vocabulary sizes
 (forward + backward of 64 rows, V=50304: 12.4 s, against 1.7 s for the reference, on 2 shared cores): there
 the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
@@ -83,6 +107,27 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=2048, num_warps=8),
     dict(BLOCK_V=4096, num_warps=8),
     dict(BLOCK_V=4096, num_warps=16),
+]
+
+# e5m2 backward, 2-D tiles of BN rows x BV columns: NOT tuned, a first guess to be measured on a GPU. A 64 x 128
+# bf16 tile reads 16 KB and writes two 8 KB fp8 tiles whose rows are 128 bytes (g8) and 64 bytes (g8t, two
+# 32-byte sectors); 8 warps give each thread 32 elements. fp32 takes half the rows for the same bytes read.
+# `python -m benchmarks --only cross_entropy --tune` times E5M2_TUNING_CANDIDATES on a GPU; the winners belong
+# here with the GPU named.
+E5M2_CONFIG = {
+    torch.bfloat16: dict(BN=64, BV=128, num_warps=8),
+    torch.float32: dict(BN=32, BV=128, num_warps=8),
+}
+# Interpreter (CPU): the cost is per program, so fewer, larger tiles.
+E5M2_INTERPRETER_CONFIG = dict(BN=64, BV=256, num_warps=4)
+E5M2_TUNING_CANDIDATES = [
+    dict(BN=32, BV=128, num_warps=4),
+    dict(BN=64, BV=64, num_warps=4),
+    dict(BN=64, BV=128, num_warps=4),
+    dict(BN=64, BV=128, num_warps=8),
+    dict(BN=128, BV=64, num_warps=8),
+    dict(BN=128, BV=128, num_warps=8),
+    dict(BN=64, BV=256, num_warps=8),
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
@@ -247,6 +292,121 @@ def _ce_bwd_kernel(
                      tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True)
 
 
+@triton.jit
+def _e5m2_bits(v):
+    """uint8 bit patterns of RNE_e5m2(v) for fp32 v (round to nearest even; +-inf from 61440 on; NaN stays NaN).
+
+    Why not ``v.to(tl.float8e5)``: Triton's own fp32 -> e5m2 conversion is wrong in the interpreter (the CPU
+    tests): its round-to-nearest adds one to the 2-bit significand without carrying into the exponent (1.9417
+    becomes 1.0, not 2.0) and clamps the exponent of large values (overflow gives NaN, not inf). On Hopper it
+    is ``cvt.rn.satfinite``, which saturates overflow and inf to +-57344 instead of giving inf as torch does.
+    So the rounding is done here, the same integer and fp32 operations on the GPU and in the interpreter, and
+    the CPU tests test the rounding that runs on the GPU:
+      * |v| >= 2^-14 (e5m2 normals): on the bit pattern of |v|, adding 0xFFFFF plus the lowest kept mantissa
+        bit and clearing the low 21 bits keeps 2 of fp32's 23 mantissa bits, rounded to nearest even; a carry
+        into the exponent is the right result (1.9417 -> 2.0; 61440 and above -> 65536, which is inf below).
+      * |v| < 2^-14 (e5m2 subnormals, multiples of 2^-16): |v| * 2^16 < 4 is exact, and adding then
+        subtracting 1.5 * 2^23 (where the fp32 spacing is 1) rounds it to an integer, to nearest even.
+    The rounded value is on e5m2's grid, a subset of fp16's, so the fp32 -> fp16 conversion is exact (65536
+    and above overflow to inf there, inf and NaN stay themselves), and the top byte of an fp16 is the e5m2
+    encoding of the same value."""
+    bits = v.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    sign = bits ^ mag                                      # the sign bit alone
+    a = mag.to(tl.float32, bitcast=True)                   # |v|
+    normal = (((mag + 0xFFFFF + ((mag >> 21) & 1)) >> 21) << 21).to(tl.float32, bitcast=True)
+    subnormal = ((a * 65536.0 + 12582912.0) - 12582912.0) * 1.52587890625e-05      # 2^16, 1.5 * 2^23, 2^-16
+    r = tl.where(a < 6.103515625e-05, subnormal, normal)  # 2^-14
+    r = tl.where(a == a, r, float("nan"))                  # NaN: not rounded (a GPU's 0x7FFFFFFF would carry into
+                                                           # the sign), one quiet NaN whatever the payload
+    r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return (r.to(tl.float16).to(tl.uint16, bitcast=True) >> 8).to(tl.uint8)
+
+
+@triton.jit
+def _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
+                      row0, col0, N, V, A, B, C, A_over_Cs,
+                      K: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [row0, row0 + BN) x columns [col0, col0 + BV): e5m2 of dx / scale into g8 and, transposed, g8t."""
+    rows = row0 + tl.arange(0, BN)                         # int64 (row0 is): offsets in g8t pass 2^31
+    cols = col0 + tl.arange(0, BV)
+    if MASKED:
+        rmask = rows < N
+        cmask = cols < V
+        m = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
+        ssum = tl.load(stats_ptr + N + rows, mask=rmask, other=1.0)
+        g = tl.load(g_ptr + rows * stride_g, mask=rmask, other=0.0)
+        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=rmask[:, None] & cmask[None, :],
+                    other=0.0)
+    else:
+        m = tl.load(stats_ptr + rows)
+        ssum = tl.load(stats_ptr + N + rows)
+        g = tl.load(g_ptr + rows * stride_g)
+        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :])
+    # Each row's terms, as (BN,) vectors (rows past N have no terms: weight 0, not bad).
+    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, rows, N, V, 0)
+    tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
+    if K > 1:
+        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, rows, N, V, 1)
+        bad = bad | bad1
+    if K > 2:
+        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, rows, N, V, 2)
+        bad = bad | bad2
+    if K > 3:
+        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, rows, N, V, 3)
+        bad = bad | bad3
+    g = tl.where(bad, float("nan"), g.to(tl.float32))    # poison the whole row, as the row kernels do
+    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
+    inv_s = tl.div_rn(1.0, ssum)
+    # int32 targets for the per-element compares: a target that does not fit is out of range, its row NaN.
+    tgt0, tgt1, tgt2, tgt3 = tgt0.to(tl.int32), tgt1.to(tl.int32), tgt2.to(tl.int32), tgt3.to(tl.int32)
+
+    z, s = _softcap(x, A, B, C)
+    p = tl.exp(z - m[:, None]) * inv_s[:, None]
+    c = cols[None, :]
+    hit = tl.where(c == tgt0[:, None], w0[:, None], 0.0)
+    if K > 1:
+        hit += tl.where(c == tgt1[:, None], w1[:, None], 0.0)
+    if K > 2:
+        hit += tl.where(c == tgt2[:, None], w2[:, None], 0.0)
+    if K > 3:
+        hit += tl.where(c == tgt3[:, None], w3[:, None], 0.0)
+    dz = coef[:, None] * p - g[:, None] * hit
+    bits = _e5m2_bits(dz * (A_over_Cs * s * (1.0 - s)))   # (BN, BV): dx / scale, rounded
+    out_offs = rows[:, None] * V + cols[None, :]
+    out_t_offs = cols[:, None].to(tl.int64) * N + rows[None, :]
+    if MASKED:
+        tl.store(out_ptr + out_offs, bits, mask=rmask[:, None] & cmask[None, :])
+        tl.store(out_t_ptr + out_t_offs, tl.trans(bits), mask=cmask[:, None] & rmask[None, :])
+    else:
+        tl.store(out_ptr + out_offs, bits)
+        tl.store(out_t_ptr + out_t_offs, tl.trans(bits))
+
+
+@triton.jit
+def _ce_bwd_e5m2_kernel(
+    # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
+    g_ptr, stride_g,
+    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
+    x_ptr, stride_xn, stats_ptr,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # outputs: e5m2 bit patterns (uint8 views), g8 (N, V) and g8t (V, N), both contiguous
+    out_ptr, out_t_ptr,
+    # sizes, softcap constants, A / (C * scale)
+    N, V, A, B, C, A_over_Cs,
+    K: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
+):
+    row0 = tl.program_id(0).to(tl.int64) * BN
+    col0 = tl.program_id(1) * BV
+    if (row0 + BN <= N) & (col0 + BV <= V):                # inside the tensor: no masks
+        _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                          out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BN, BV, False)
+    else:                                                  # last row block and/or last column block
+        _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                          out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BN, BV, True)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------------------
@@ -297,6 +457,14 @@ def _check_inputs(logits, targets, weights, A, B, C):
     return N, V, K
 
 
+def _check_grad(grad, N, dev):
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softcapped_cross_entropy: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != (N,) or grad.dtype != torch.float32 or grad.device != dev:
+        raise ValueError(f"softcapped_cross_entropy: grad must be a float32 tensor of shape ({N},) on {dev}, got "
+                         f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
+
+
 def _check_out(name, t, shape, dtype, device):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"softcapped_cross_entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -345,11 +513,7 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
     forward's ``stats``. ``out``: optional preallocated contiguous output."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
-    if not isinstance(grad, torch.Tensor):
-        raise TypeError(f"softcapped_cross_entropy: grad must be a torch.Tensor, got {type(grad).__name__}")
-    if grad.shape != (N,) or grad.dtype != torch.float32 or grad.device != dev:
-        raise ValueError(f"softcapped_cross_entropy: grad must be a float32 tensor of shape ({N},) on {dev}, got "
-                         f"{grad.dtype} {tuple(grad.shape)} on {grad.device}")
+    _check_grad(grad, N, dev)
     _check_out("stats", stats, (2, N), torch.float32, dev)
     if out is None:
         out = torch.empty((N, V), dtype=logits.dtype, device=dev)
@@ -365,6 +529,52 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
         N, V, float(A), float(B), float(C), float(A) / C,
         K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
     return out
+
+
+def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
+                                     config=None):
+    """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding RNE_e5m2(dlogits / scale)
+    (the same bytes, g8t = g8.T), with dlogits the fp32 gradient of :func:`softcapped_cross_entropy_bwd` (module
+    docstring). ``scale``: the positive finite FP8 gradient scale (Python float). ``out``/``out_t``: optional
+    preallocated outputs; ``config``: a dict(BN=..., BV=..., num_warps=...) overriding the per-dtype default
+    (powers of two)."""
+    N, V, K = _check_inputs(logits, targets, weights, A, B, C)
+    dev = logits.device
+    _check_grad(grad, N, dev)
+    _check_out("stats", stats, (2, N), torch.float32, dev)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
+    A_over_Cs = float(A) / C / scale                       # one fp32 constant for A / C and 1 / scale
+    if not abs(A_over_Cs) <= torch.finfo(torch.float32).max:
+        raise ValueError(f"softcapped_cross_entropy: scale={scale!r} is too small: A / (C * scale) overflows fp32")
+    if out is None:
+        out = torch.empty((N, V), dtype=torch.float8_e5m2, device=dev)
+    if out_t is None:
+        out_t = torch.empty((V, N), dtype=torch.float8_e5m2, device=dev)
+    _check_out("out", out, (N, V), torch.float8_e5m2, dev)
+    _check_out("out_t", out_t, (V, N), torch.float8_e5m2, dev)
+    for oname, o in (("out", out), ("out_t", out_t)):
+        for name, t in (("grad", grad), ("logits", logits), ("stats", stats), ("targets", targets),
+                        ("weights", weights)):
+            if overlaps(o, t):
+                raise ValueError(f"softcapped_cross_entropy: {oname} must not overlap {name} in memory")
+    if overlaps(out, out_t):
+        raise ValueError("softcapped_cross_entropy: out and out_t must not overlap in memory")
+    if N == 0:
+        return out, out_t
+    if config is not None:
+        cfg = config
+    else:
+        cfg = E5M2_INTERPRETER_CONFIG if dev.type == "cpu" else E5M2_CONFIG[logits.dtype]
+    grid = (triton.cdiv(N, cfg["BN"]), triton.cdiv(V, cfg["BV"]))
+    _ce_bwd_e5m2_kernel[grid](
+        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights,
+        out.view(torch.uint8), out_t.view(torch.uint8),
+        N, V, float(A), float(B), float(C), A_over_Cs,
+        K=K, BN=cfg["BN"], BV=cfg["BV"], num_warps=cfg["num_warps"])
+    return out, out_t
 
 
 # ---------------------------------------------------------------------------------------------------------

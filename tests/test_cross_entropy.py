@@ -1,20 +1,27 @@
-"""Tests of kernels/cross_entropy.py: fused soft-capped multi-token cross entropy, forward and backward.
+"""Tests of kernels/cross_entropy.py: fused soft-capped multi-token cross entropy, forward and backward, and
+the backward that writes the FP8 (e5m2) gradient in both layouts.
 
 The specification is written again here in float64 (``spec_losses``), as a weighted target matrix rather than
 the module's loop over k, and its gradient comes from float64 autograd. Losses and dlogits are judged with
 rule 1 of tests/tolerances.py against plain PyTorch computing the same thing in fp32 (or from the same bf16
-inputs), the row statistics with bounds derived from the kernel's operations (below).
-Without a GPU the kernels run in Triton's interpreter: fp32 and small V, with a 32-column tile so that V=64
-takes only the unmasked full-tile path, V=77 full tiles plus the masked tail, and V=20 the tail alone.
+inputs); the row statistics with bounds derived from the kernel's operations (below); the e5m2 gradient with
+rule 3 (the round-to-nearest-even e5m2 value of a result within fp32 error of the spec) plus bitwise
+g8t == g8.T. Without a GPU the kernels run in Triton's interpreter: fp32 and small V, with a 32-column tile so
+that V=64 takes only the unmasked full-tile path, V=77 full tiles plus the masked tail, and V=20 the tail
+alone; the e5m2 kernel's 8-row x 32-column tiles add N=16 (row blocks all full), N=15 (a last one of 7 rows)
+and V=95 (a last column block of 31).
 """
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from kernels.cross_entropy import (softcapped_cross_entropy, softcapped_cross_entropy_bwd,
-                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
+from kernels.cross_entropy import (_e5m2_bits, softcapped_cross_entropy, softcapped_cross_entropy_bwd,
+                                   softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
+                                   softcapped_cross_entropy_ref)
 from tests.tolerances import (UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch,
-                              shifted_randn)
+                              assert_rounded_e5m2, shifted_randn)
 
 HAS_CUDA = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="bf16, the speedrun vocabulary and torch.compile(inductor) "
@@ -23,6 +30,8 @@ gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="bf16, the speedrun vocabular
 SOFTCAP = (23.0, 5.0, 7.5)                   # (A, B, C) as train_gpt.py uses them
 SMALL_TILE = dict(BLOCK_V=32, num_warps=4)   # CPU: V=64 aligned, V=77 masked tail, V=20 tail only
 WEIGHTS = {1: [1.0], 3: [1.0, 0.5, 0.25], 4: [1.0, 0.5, 0.25, 0.125]}
+E5M2_TILE = dict(BN=8, BV=32, num_warps=4)   # CPU: N=16 full row blocks, N=15 a 7-row tail; V=95 a 31-column one
+SCALE = 1e-3                                 # FP8 gradient scale: |dx| / SCALE up to ~2000, down into subnormals
 
 # Row statistics (stats = (m, S), S = sum_v exp(z - m)) are judged against bounds derived from the kernel's
 # operations, not by rule 1: one rounding of z ~ 20, amplified by exp, dominates their error, and equally valid
@@ -47,17 +56,23 @@ SUMEXP_ULPS = 16 * SOFTCAP[0] + 4 * 50 + 11 + 2
 
 
 # ------------------------------------------------------------------------------------------ specification
+def spec_target_matrix(targets, weights, N, V, device):
+    """Float64 (N, V): M[t, v] = sum_k w_k [t + k < N] [targets[t + k] == v]."""
+    M = torch.zeros(N, V, dtype=torch.float64, device=device)
+    for k, w in enumerate(weights.tolist()):
+        rows = torch.arange(max(N - k, 0), device=device)
+        M.index_put_((rows, targets[k:]), torch.full_like(rows, w, dtype=torch.float64), accumulate=True)
+    return M
+
+
 def spec_losses(x, targets, weights, A, B, C):
-    """Float64 losses (N,): loss_t = W_t * lse_t - sum_v M[t, v] z[t, v], with the weighted target matrix
-    M[t, v] = sum_k w_k [t + k < N] [targets[t + k] == v] and W_t = sum_v M[t, v]."""
+    """Float64 losses (N,): loss_t = W_t * lse_t - sum_v M[t, v] z[t, v], with the weighted target matrix M
+    (``spec_target_matrix``) and W_t = sum_v M[t, v]."""
     x = x.to(torch.float64)
     N, V = x.shape
     z = A / (1.0 + torch.exp(-(x + B) / C))
     lse = torch.log(torch.exp(z).sum(dim=1))          # z < A = 23: exp cannot overflow in float64
-    M = torch.zeros(N, V, dtype=torch.float64, device=x.device)
-    for k, w in enumerate(weights.tolist()):
-        rows = torch.arange(max(N - k, 0), device=x.device)
-        M.index_put_((rows, targets[k:]), torch.full_like(rows, w, dtype=torch.float64), accumulate=True)
+    M = spec_target_matrix(targets, weights, N, V, x.device)
     return M.sum(dim=1) * lse - (M * z).sum(dim=1)
 
 
@@ -65,6 +80,17 @@ def spec_grad(x, targets, weights, grad, A, B, C):
     x64 = x.detach().to(torch.float64).requires_grad_()
     spec_losses(x64, targets, weights, A, B, C).backward(grad.to(torch.float64))
     return x64.grad
+
+
+def spec_e5m2_terms(x, targets, weights, grad, scale, A, B, C):
+    """Float64 magnitude of the terms of dx / scale = g (W p - M) (A/C) s (1 - s) / scale, rule 3's ``terms``:
+    |g| (W p + M) (A/C) s / scale (s, not s (1 - s): the fp32 error of s (1 - s) is a few u of s)."""
+    x = x.detach().to(torch.float64)
+    N, V = x.shape
+    s = 1.0 / (1.0 + torch.exp(-(x + B) / C))
+    p = torch.softmax(A * s, dim=1)
+    M = spec_target_matrix(targets, weights, N, V, x.device)
+    return grad.to(torch.float64).abs()[:, None] * (M.sum(1, keepdim=True) * p + M) * (A / C) * s / scale
 
 
 def torch_lowp(x, targets, weights, A, B, C):
@@ -100,6 +126,36 @@ def run_fused(x, targets, weights, grad, config=None):
     for name, t in (("losses", losses), ("stats", stats), ("dlogits", dx)):
         assert_all_written(t, name)
     return losses, stats, dx
+
+
+def run_e5m2(x, targets, weights, grad, scale, config=None):
+    """Forward (for stats), then the e5m2 backward into NaN-prefilled outputs; checks every element written and
+    that the preallocated outputs are the ones returned."""
+    N, V = x.shape
+    _, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    g8 = torch.full((N, V), float("nan"), dtype=torch.float8_e5m2, device=x.device)
+    g8t = torch.full((V, N), float("nan"), dtype=torch.float8_e5m2, device=x.device)
+    got = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, scale, out=g8, out_t=g8t,
+                                            config=config)
+    assert got[0] is g8 and got[1] is g8t
+    assert_all_written(g8, "g8")
+    assert_all_written(g8t, "g8t")
+    return g8, g8t
+
+
+def check_e5m2(x, targets, weights, grad, scale, g8, g8t, rows=None):
+    """Rule 3 against the float64 spec (all rows, or the first and last ``rows`` rows), and g8t == g8.T bitwise."""
+    A, B, C = SOFTCAP
+    assert g8.shape == x.shape and g8t.shape == x.shape[::-1] and g8.is_contiguous() and g8t.is_contiguous()
+    assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).T), "g8t is not g8.T byte for byte"
+    N, K = x.shape[0], weights.numel()
+    blocks = [(0, N)] if rows is None or 2 * rows >= N else [(0, rows), (N - rows, N)]
+    for r0, r1 in blocks:
+        end = min(N, r1 + K - 1)       # rows up to r1 + K - 2 hold the targets of rows r0 .. r1 - 1
+        xs, ts, gs = x[r0:end], targets[r0:end], grad[r0:end]
+        expect = spec_grad(xs, ts, weights, gs, A, B, C)[:r1 - r0] / scale
+        terms = spec_e5m2_terms(xs, ts, weights, gs, scale, A, B, C)[:r1 - r0]
+        assert_rounded_e5m2(g8[r0:r1], expect, terms, name=f"g8 rows {r0}:{r1}")
 
 
 def check_against_spec(x, targets, weights, losses, stats, dx, grad):
@@ -164,12 +220,145 @@ def test_more_weights_than_rows(device):
     check_against_spec(x, targets, weights, *run_fused(x, targets, weights, grad, config=SMALL_TILE), grad)
 
 
+# ------------------------------------------------------------------------------------------ e5m2 backward (CPU)
+# The interpreter's numpy warns where values overflow on purpose (fp32 -> fp16 inf; |v| * 2^16 past fp32 max) and
+# where arithmetic meets a signalling NaN.
+INTERPRETER_FP_WARNINGS = pytest.mark.filterwarnings("ignore:overflow encountered in:RuntimeWarning",
+                                                     "ignore:invalid value encountered in:RuntimeWarning")
+
+
+def range_grad(N, device):
+    """Incoming gradients of alternating sign spanning 10^-6 .. 10: with 1e-5 as the scale, the rows' gradients
+    reach past 61440 (+-inf) and below 2^-14 (subnormals) and 2^-17 (zero)."""
+    sign = torch.tensor([1.0, -1.0]).repeat(N)[:N]
+    return (sign * torch.logspace(-6, 1, N)).to(device)
+
+
+@triton.jit
+def _e5m2_bits_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, _e5m2_bits(tl.load(v_ptr + i, mask=i < n, other=0.0)), mask=i < n)
+
+
+@INTERPRETER_FP_WARNINGS
+def test_e5m2_rounding_is_torchs_bit_for_bit(device):
+    """The kernel's rounding helper against torch's fp32 -> float8_e5m2 conversion (round to nearest even,
+    inf on overflow) on every e5m2 value, every midpoint between neighbours (ties) and one fp32 ulp either
+    side, the overflow threshold, subnormals, fp32 subnormals, zeros, inf, and both signs; NaN stays NaN,
+    whatever its payload (a GPU's NaN is 0x7FFFFFFF, whose bits would carry into the sign when rounded)."""
+    grid = torch.arange(128, dtype=torch.uint8).view(torch.float8_e5m2).float()      # sign bit clear
+    grid = grid[torch.isfinite(grid)].sort().values                                   # 0 .. 57344
+    mids = ((grid[1:].double() + grid[:-1].double()) / 2).float()                      # exact in fp32
+    up, down = torch.full_like(mids, float("inf")), torch.zeros_like(mids)
+    special = torch.tensor([57344.0, 61439.99609375, 61440.0, 65536.0, 1e6, 3.4e38, float("inf"), 2.0 ** -17,
+                            3 * 2.0 ** -17, 2.0 ** -14 - 2.0 ** -30, 1e-40, 0.0, 1.9417])
+    logs = torch.logspace(-8, 6, 1001)
+    pos = torch.cat([grid, mids, torch.nextafter(mids, up), torch.nextafter(mids, down), special, logs])
+    nans = torch.tensor([0x7FFFFFFF, -1, 0x7F800001, 0x7FC00000, -0x400000], dtype=torch.int32).view(torch.float32)
+    vals = torch.cat([pos, -pos, nans]).contiguous()
+    out = torch.empty(vals.numel(), dtype=torch.uint8, device=device)
+    _e5m2_bits_kernel[(triton.cdiv(vals.numel(), 1024),)](vals.to(device), out, vals.numel(), BLOCK=1024)
+    out = out.cpu()
+    want = vals.to(torch.float8_e5m2).view(torch.uint8)
+    nan = torch.isnan(vals)
+    bad = (out != want) & ~nan
+    assert not bad.any(), (f"{int(bad.sum())} of {vals.numel()} differ, e.g. {vals[bad][:5].tolist()} -> "
+                           f"{out[bad][:5].tolist()} (torch {want[bad][:5].tolist()})")
+    assert torch.isnan(out[nan].view(torch.float8_e5m2).float()).all()
+
+
+@pytest.mark.parametrize("N", [16, 15], ids=["rows_aligned", "rows_tail"])
+@pytest.mark.parametrize("V", [64, 95, 20], ids=["aligned", "tail", "tail_only"])
+def test_e5m2_matches_spec(V, N, device):
+    """Every masked/unmasked combination of 8-row x 32-column tiles, with tails one short of a full tile (7 rows,
+    31 columns: an off-by-one in a mask or in the full-tile test shows); K = 3, a repeated target in row 0."""
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    check_e5m2(x, targets, weights, grad, SCALE, *run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE))
+
+
+@pytest.mark.parametrize("K", [1, 4])
+def test_e5m2_matches_spec_K(K, device):
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, K, device=device, seed=5)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    check_e5m2(x, targets, weights, grad, SCALE, *run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE))
+
+
+def test_e5m2_default_config(device):
+    """The per-device default configuration (on the CPU one masked tile holds everything)."""
+    N, V = 13, 20
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=6)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    check_e5m2(x, targets, weights, grad, SCALE, *run_e5m2(x, targets, weights, grad, SCALE))
+
+
+@INTERPRETER_FP_WARNINGS
+def test_e5m2_value_range(device):
+    """Every part of e5m2's range, both signs, against the spec."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=7)
+    grad = range_grad(N, device)
+    scale = 1e-5
+    g8, g8t = run_e5m2(x, targets, weights, grad, scale, config=E5M2_TILE)
+    v = g8.float()
+    assert torch.isposinf(v).any() and torch.isneginf(v).any(), "no overflow reached"
+    assert ((v != 0) & (v.abs() < 2.0 ** -14)).any(), "no subnormal reached"
+    assert (v == 0).any() and (v.abs() >= 2.0 ** -14).any() and torch.isfinite(v).any()
+    check_e5m2(x, targets, weights, grad, scale, g8, g8t)
+
+
+def test_e5m2_rows_without_weighted_terms_are_zero(device):
+    """weights [0, 1, 1]: the last row's only term has weight 0: its gradient is exactly zero in both layouts."""
+    N, V = 9, 77
+    x, targets, _ = make_inputs(N, V, 3, device=device, seed=2)
+    weights = torch.tensor([0.0, 1.0, 1.0], device=device)
+    grad = torch.ones(N, device=device)
+    g8, g8t = run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE)
+    assert torch.count_nonzero(g8[-1].float()).item() == 0 and torch.count_nonzero(g8t[:, -1].float()).item() == 0
+    check_e5m2(x, targets, weights, grad, SCALE, g8, g8t)
+
+
+def test_e5m2_strided_logits_and_broadcast_grad(device):
+    """A column slice of a wider buffer and a stride-0 incoming gradient give the bytes of the contiguous run."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, row_stride=97)
+    grad = torch.full((), 0.7, device=device).expand(N)
+    assert x.stride() == (97, 1) and grad.stride() == (0,)
+    got = run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE)
+    want = run_e5m2(x.contiguous(), targets, weights, grad.contiguous(), SCALE, config=E5M2_TILE)
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+    check_e5m2(x, targets, weights, grad.contiguous(), SCALE, *got)
+
+
+def test_e5m2_out_of_range_targets_poison_their_rows(device):
+    """A target outside [0, V) makes NaN the whole g8 row (g8t column) of every row that reads it; the other
+    rows hold the bytes of the clean run."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=4)
+    grad = torch.ones(N, device=device)
+    good = run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE)
+    bad_targets = targets.clone()
+    bad_targets[10] = V                             # read by rows 10 (k=0), 9 (k=1), 8 (k=2)
+    bad_targets[0] = -1                             # read by row 0 only
+    _, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)   # stats do not depend on targets
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, bad_targets, weights, *SOFTCAP, SCALE,
+                                                config=E5M2_TILE)
+    poisoned, clean = torch.tensor([0, 8, 9, 10]), torch.tensor([1, 2, 3, 4, 5, 6, 7, 11, 12])
+    assert torch.isnan(g8[poisoned].float()).all() and torch.isnan(g8t[:, poisoned].float()).all()
+    assert torch.equal(g8[clean].view(torch.uint8), good[0][clean].view(torch.uint8))
+    assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).T)
+
+
 def test_no_rows(device):
     x = torch.empty(0, 20, device=device)
     targets, weights = torch.empty(0, dtype=torch.int64, device=device), torch.ones(3, device=device)
     losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
     assert losses.shape == (0,) and stats.shape == (2, 0)
     assert softcapped_cross_entropy_bwd(losses, x, stats, targets, weights, *SOFTCAP).shape == (0, 20)
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(losses, x, stats, targets, weights, *SOFTCAP, SCALE)
+    assert g8.shape == (0, 20) and g8t.shape == (20, 0) and g8.dtype == g8t.dtype == torch.float8_e5m2
 
 
 def test_strided_logits_and_broadcast_grad(device):
@@ -322,6 +511,49 @@ def test_input_errors(device):
         softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, targets, weights, *SOFTCAP, out=x)
 
 
+def test_e5m2_input_errors(device):
+    N, V = 4, 10
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    _, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP)
+    grad = torch.ones(N, device=device)
+
+    def call(*, scale=SCALE, **kw):
+        args = dict(grad=grad, logits=x, stats=stats, targets=targets, weights=weights)
+        args.update({k: kw.pop(k) for k in list(kw) if k in args})
+        return softcapped_cross_entropy_bwd_e5m2(args["grad"], args["logits"], args["stats"], args["targets"],
+                                                 args["weights"], *SOFTCAP, scale, **kw)
+
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be a positive finite Python float"):
+            call(scale=bad)
+    for bad in (True, torch.tensor(1.0), "1"):
+        with pytest.raises(TypeError, match="scale must be a positive finite Python float"):
+            call(scale=bad)
+    with pytest.raises(ValueError, match=r"scale=1e-45 is too small: A / \(C \* scale\) overflows fp32"):
+        call(scale=1e-45)
+    with pytest.raises(TypeError, match="logits must be bfloat16 or float32"):
+        call(logits=x.half())
+    with pytest.raises(ValueError, match=r"grad must be a float32 tensor of shape \(4,\)"):
+        call(grad=torch.ones(N + 1, device=device))
+    with pytest.raises(ValueError, match=r"stats must be a contiguous torch.float32 tensor of shape \(2, 4\)"):
+        call(stats=stats[:, :3])
+    e5m2 = dict(dtype=torch.float8_e5m2, device=device)
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch.float8_e5m2 tensor of shape \(4, 10\)"):
+        call(out=torch.empty(N, V, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match=r"out_t must be a contiguous torch.float8_e5m2 tensor of shape \(10, 4\)"):
+        call(out_t=torch.empty(N, V, **e5m2))
+    with pytest.raises(ValueError, match=r"out_t must be a contiguous"):
+        call(out_t=torch.empty(N, V, **e5m2).T)
+    buf = torch.empty(2 * N * V - 1, **e5m2)          # the two outputs share one element
+    with pytest.raises(ValueError, match="out and out_t must not overlap"):
+        call(out=buf[:N * V].view(N, V), out_t=buf[N * V - 1:].view(V, N))
+    aliased = x.view(torch.uint8).reshape(-1)[:N * V].view(torch.float8_e5m2).view(N, V)
+    with pytest.raises(ValueError, match="out must not overlap logits"):
+        call(out=aliased)
+    with pytest.raises(ValueError, match="out_t must not overlap logits"):
+        call(out_t=x.view(torch.uint8).reshape(-1)[N * V:2 * N * V].view(torch.float8_e5m2).view(V, N))
+
+
 def test_device_errors():
     x, targets, weights = make_inputs(4, 10, 3)
     if HAS_CUDA:
@@ -353,6 +585,36 @@ def test_speedrun_vocab_many_rows(device):
     x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device)
     grad = torch.full((N,), 1.0 / N, device=device)
     check_against_spec(x, targets, weights, *run_fused(x, targets, weights, grad), grad)
+
+
+@gpu_only
+@pytest.mark.parametrize("K", [1, 3])
+def test_e5m2_speedrun_shape(K, device):
+    """N=16384, V=50304, bf16 logits, the default configuration (tiles that divide both: the unmasked path),
+    a mean-loss gradient and the trainer's kind of scale (largest values a few hundred): the spec on the first
+    and last 128 rows, g8t == g8.T and every element written on all of them."""
+    N, V = 16384, 50304
+    x, targets, weights = make_inputs(N, V, K, dtype=torch.bfloat16, device=device)
+    grad = torch.full((N,), 1.0 / N, device=device)
+    scale = 0.75 / 448 / N
+    g8, g8t = run_e5m2(x, targets, weights, grad, scale)
+    check_e5m2(x, targets, weights, grad, scale, g8, g8t, rows=128)
+
+
+@gpu_only
+def test_e5m2_value_range_gpu(device):
+    """bf16 logits, V not a multiple of the tile and N not a multiple of the row block (masked paths on the GPU),
+    and a scale that reaches +-inf, subnormals and zero: the GPU's own conversions and exp against the spec."""
+    N, V = 300, 50000
+    x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device, seed=8)
+    grad = range_grad(N, device)
+    scale = 1e-5
+    g8, g8t = run_e5m2(x, targets, weights, grad, scale)
+    v = g8.float()
+    assert torch.isposinf(v).any() and torch.isneginf(v).any(), "no overflow reached"
+    assert ((v != 0) & (v.abs() < 2.0 ** -14)).any(), "no subnormal reached"
+    assert (v == 0).any()
+    check_e5m2(x, targets, weights, grad, scale, g8, g8t)
 
 
 @gpu_only

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from tolerances import (assert_all_written, assert_close_report, assert_elementwise, assert_matches_torch,
-                        max_abs_err, nan_like, shifted_randn)
+from tolerances import (E5M2_FP32_ULPS, assert_all_written, assert_close_report, assert_elementwise,
+                        assert_matches_torch, assert_rounded_e5m2, max_abs_err, nan_like, shifted_randn, ulp_e5m2)
 
 
 def test_rule1_accepts_torch_level_error_and_rejects_a_bug():
@@ -91,3 +91,46 @@ def test_rule1_torch_nan_must_be_matched():
     assert_matches_torch(torch.tensor([1.0, float("nan")]), ref, lowp)
     with pytest.raises(AssertionError, match="inf/NaN patterns differ"):
         assert_matches_torch(torch.tensor([1.0, 2.0]), ref, lowp)
+
+
+def test_ulp_e5m2():
+    a = torch.tensor([0.0, 2.0 ** -16, 2.0 ** -14, 1.0, 1.75, 2.0, 57344.0, 61440.0], dtype=torch.float64)
+    want = [2.0 ** -16, 2.0 ** -16, 2.0 ** -16, 0.25, 0.25, 0.5, 8192.0, 8192.0]
+    assert ulp_e5m2(a).tolist() == want
+
+
+def test_rule3_accepts_rne_and_rejects_truncation():
+    """torch's conversion (round to nearest even) passes over e5m2's whole range; truncating the same fp32
+    values (error up to one ulp) fails."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 5, (4096,), generator=g)
+    assert_rounded_e5m2(ref.float().to(torch.float8_e5m2), ref, ref.abs())
+    normal = ref[ref.abs() >= 2.0 ** -14].float()
+    truncated = ((normal.view(torch.int32) >> 21) << 21).view(torch.float32)   # exact in e5m2
+    with pytest.raises(AssertionError, match="not the e5m2 rounding of a value within"):
+        assert_rounded_e5m2(truncated.to(torch.float8_e5m2), normal.double(), normal.double().abs())
+
+
+def test_rule3_fp32_allowance_and_overflow():
+    """A value just below a midpoint may round either way when the fp32 allowance reaches across it (not when
+    the terms are zero); 61440 and above must be inf of the right sign, saturating to 57344 fails; NaN only
+    where the reference is NaN."""
+    below_mid = torch.tensor([1.125 - 2.0 ** -18], dtype=torch.float64)            # RNE: 1.0
+    up = torch.tensor([1.25]).to(torch.float8_e5m2)                                  # the other neighbour
+    assert 2.0 ** -18 < E5M2_FP32_ULPS * 2.0 ** -24 * 1.125
+    assert_rounded_e5m2(up, below_mid, below_mid.abs())
+    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
+        assert_rounded_e5m2(up, below_mid, torch.zeros_like(below_mid))
+    ref = torch.tensor([57344.0, 61000.0, 61440.0, -70000.0, 1e9], dtype=torch.float64)
+    rne = ref.float().to(torch.float8_e5m2)
+    assert rne.float().tolist() == [57344.0, 57344.0, float("inf"), -float("inf"), float("inf")]
+    assert_rounded_e5m2(rne, ref, ref.abs())
+    saturated = ref.clamp(-57344, 57344).float().to(torch.float8_e5m2)
+    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
+        assert_rounded_e5m2(saturated, ref, ref.abs())
+    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
+        assert_rounded_e5m2((-ref).float().to(torch.float8_e5m2), ref, ref.abs())   # wrong-sign infinities
+    nan_ref = torch.tensor([1.0, float("nan")], dtype=torch.float64)
+    assert_rounded_e5m2(torch.tensor([1.0, float("nan")]).to(torch.float8_e5m2), nan_ref, torch.ones(2))
+    with pytest.raises(AssertionError, match="NaN mismatch"):
+        assert_rounded_e5m2(torch.tensor([float("nan"), 2.0]).to(torch.float8_e5m2), nan_ref, torch.ones(2))
