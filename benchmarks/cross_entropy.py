@@ -1,20 +1,37 @@
-"""Benchmark cases of kernels/cross_entropy.py: the speedrun's LM-head loss, N=49152 rows, V=50304, K=3, bf16.
+"""Benchmark cases of kernels/cross_entropy.py: the speedrun's LM-head loss, V=50304, bf16 logits.
 
-Cases: forward alone, backward alone, and forward + backward (what a training step pays). Bytes are the
-logits read once by each kernel plus the gradient written once (the (N,) vectors are negligible):
-fwd N*V*2, bwd 2*N*V*2, fwd+bwd 3*N*V*2 = 14.8 GB. Baselines for fwd+bwd: the unfused computation (softcap
-in fp32, then ``F.cross_entropy`` per k, weighted sum) run eagerly and under ``torch.compile``, its backward
-through autograd. The eager baseline materialises several (N, V) fp32 tensors (~10 GB each) and may run out of
-memory on an 80 GB GPU; the harness then reports it as failed.
+Cases at N=49152 rows, K=3: forward alone, backward alone, and forward + backward (what a training step pays).
+Bytes are the logits read once by each kernel plus the gradient written once (the (N,) vectors are
+negligible): fwd N*V*2, bwd 2*N*V*2, fwd+bwd 3*N*V*2 = 14.8 GB. Baselines for fwd+bwd: the unfused computation
+(softcap in fp32, then ``F.cross_entropy`` per k, weighted sum) run eagerly and under ``torch.compile``, its
+backward through autograd. The eager baseline materialises several (N, V) fp32 tensors (~10 GB each) and may
+run out of memory on an 80 GB GPU; the harness then reports it as failed.
+
+FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GPU):
+  * ``softcapped_ce_bwd_e5m2`` (K=3 and K=1): the backward that writes the e5m2 gradient g8 (N, V) and its
+    transpose g8t (V, N). Bytes N*V*2 read + 2*N*V written (9.9 GB at N=49152). Baseline "torch": what the
+    trainer does today, our bf16 backward, then ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()``
+    eagerly.
+  * ``fp8_head_bwd`` (K=3, C=768): the whole backward of the FP8 LM head, the e5m2 kernel then
+    dx = g8 @ w8^T and dW = x8^T @ g8t with ``torch._scaled_mm`` (w8 (C, V) and x8 (N, C) e4m3, bf16 outputs).
+    FLOPs 2*2*N*C*V; bytes the minimum of a fused design: logits, x8, w8 read, dx, dW written. Baseline
+    "old_path": bf16 backward, eager cast, eager transposed copy, the same two matmuls. The driver's matmul
+    ceiling is the bf16 one; FP8 matmuls run about twice as fast on Hopper, so "% of roofline" here may
+    approach 200%.
 """
 import torch
 import torch.nn.functional as F
 
-from kernels.cross_entropy import (TUNING_CANDIDATES, softcapped_cross_entropy, softcapped_cross_entropy_bwd,
+from kernels.cross_entropy import (E5M2_TUNING_CANDIDATES, TUNING_CANDIDATES, softcapped_cross_entropy,
+                                   softcapped_cross_entropy_bwd, softcapped_cross_entropy_bwd_e5m2,
                                    softcapped_cross_entropy_fwd)
 
 SOFTCAP = (23.0, 5.0, 7.5)          # (A, B, C) as train_gpt.py uses them
 MTP_WEIGHTS = [1.0, 0.5, 0.25]      # K = 3 multi-token weights (values do not change the cost)
+HEAD_WIDTH = 768                    # C, the model width
+# FP8 scales as train_gpt.py's FP8 head uses them (x and W in e4m3; the gradient's scale for a mean loss over N
+# rows puts the largest gradients near a few hundred in e5m2). Values do not change the cost.
+FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
 
 
 def unfused_losses(logits, targets, weights, A, B, C):
@@ -40,6 +57,131 @@ def _check(device):
     ours.sum().backward()
     ref.sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad)
+
+
+def _check_e5m2(device):
+    """On 512 rows of the real vocabulary: g8t is g8 transposed byte for byte, and g8 is torch's e5m2 rounding
+    of the fp32 backward / scale except, rarely, one step apart (the kernel folds 1/scale into a constant, so
+    values within fp32 error of a rounding midpoint may round the other way)."""
+    gen = torch.Generator().manual_seed(2)
+    N, V = 512, 50304
+    x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, V, (N,), generator=gen).to(device)
+    w = torch.tensor(MTP_WEIGHTS, device=device)
+    grad = torch.full((N,), 1.0 / N, device=device)
+    scale = FP8_GRAD_S / N
+    _, stats = softcapped_cross_entropy_fwd(x, t, w, *SOFTCAP)
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale)
+    assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).T), "g8t is not g8.T"
+    ref = (softcapped_cross_entropy_bwd(grad, x.float(), stats, t, w, *SOFTCAP) / scale).to(torch.float8_e5m2)
+    ours, want = g8.view(torch.uint8).int(), ref.view(torch.uint8).int()
+    differ = ours != want
+    assert differ.float().mean().item() < 1e-3, f"{int(differ.sum())} of {differ.numel()} bytes differ"
+    if differ.any():
+        assert (ours - want)[differ].abs().max().item() == 1, "a byte more than one e5m2 step away"
+
+
+def _check_fp8_head(device):
+    """On 512 rows: dx and dW of the FP8 head backward against float64 products of the same e4m3/e5m2 operands
+    (dx through g8, dW through g8t: a wrong layout is off by O(1)); bf16 outputs, fp32 accumulation."""
+    gen = torch.Generator().manual_seed(3)
+    N, V, C = 512, 50304, HEAD_WIDTH
+    x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
+    t = torch.randint(0, V, (N,), generator=gen).to(device)
+    w = torch.tensor(MTP_WEIGHTS, device=device)
+    grad = torch.full((N,), 1.0 / N, device=device)
+    x8 = torch.randn(N, C, generator=gen).mul(4).to(device=device, dtype=torch.float8_e4m3fn)
+    w8 = torch.randn(C, V, generator=gen).mul(4).to(device=device, dtype=torch.float8_e4m3fn)
+    _, stats = softcapped_cross_entropy_fwd(x, t, w, *SOFTCAP)
+    g8, g8t = torch.empty(N, V, dtype=torch.float8_e5m2, device=device), torch.empty(V, N, dtype=torch.float8_e5m2,
+                                                                                      device=device)
+    head = _fp8_head_fn(grad, x, stats, t, w, x8, w8, g8, g8t, FP8_GRAD_S / N)
+    dx, dW = head()
+    gs = FP8_GRAD_S / N
+    g64 = g8.float().double() * gs
+    for name, got, want in (("dx", dx, g64 @ (w8.float().double() * FP8_W_S).T),
+                            ("dW", dW, (x8.float().double() * FP8_X_S).T @ g64)):
+        err = (got.double() - want).abs().max().item()
+        tol = 2.0 ** -7 * want.abs().max().item()     # bf16 output rounding; fp32 accumulation is far below
+        assert err <= tol, f"FP8 head {name}: max abs err {err:.3e} > {tol:.3e}"
+
+
+def _fp8_head_fn(grad, x, stats, targets, weights, x8, w8, g8, g8t, grad_s):
+    """The new FP8 head backward: e5m2 kernel into (g8, g8t), then dx = g8 @ w8^T, dW = x8^T @ g8t."""
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    s_g, s_w, s_x = one * grad_s, one * FP8_W_S, one * FP8_X_S
+
+    def run():
+        softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, grad_s, out=g8, out_t=g8t)
+        dx = torch._scaled_mm(g8, w8.T, scale_a=s_g, scale_b=s_w, out_dtype=torch.bfloat16)
+        dW = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=s_x, scale_b=s_g, out_dtype=torch.bfloat16)
+        return dx, dW
+    return run
+
+
+def _fp8_head_old_fn(grad, x, stats, targets, weights, x8, w8, dlogits, grad_s):
+    """The old FP8 head backward (train_gpt.py's today): bf16 dlogits, eager divide-and-cast, eager transposed
+    copy for the second operand, the same two matmuls."""
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    s_g, s_w, s_x = one * grad_s, one * FP8_W_S, one * FP8_X_S
+
+    def run():
+        softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP, out=dlogits)
+        g8 = (dlogits / grad_s).to(torch.float8_e5m2)
+        dx = torch._scaled_mm(g8, w8.T, scale_a=s_g, scale_b=s_w, out_dtype=torch.bfloat16)
+        dW = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=s_x, scale_b=s_g,
+                              out_dtype=torch.bfloat16)
+        return dx, dW
+    return run
+
+
+def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
+    """The e5m2 backward and the whole FP8 head backward for each N of ``row_counts`` (<= x's rows): x (N, V)
+    bf16 logits and dlogits (N, V) bf16 scratch for the baselines, both shared with the other cases (row
+    prefixes). The checks run with the first N; ``tune`` adds the e5m2 configurations at the last N, K=3."""
+    V = x.shape[1]
+    gen = torch.Generator().manual_seed(4)
+    cases = []
+    for N in row_counts:
+        xn, tn, dn = x[:N], targets[:N], dlogits[:N]
+        grad = torch.full((N,), 1.0 / N, device=device)
+        grad_s = FP8_GRAD_S / N
+        _, stats = softcapped_cross_entropy_fwd(xn, tn, torch.tensor(MTP_WEIGHTS, device=device), *SOFTCAP)
+        g8 = torch.empty(N, V, dtype=torch.float8_e5m2, device=device)
+        g8t = torch.empty(V, N, dtype=torch.float8_e5m2, device=device)
+        e5m2_bytes = N * V * x.element_size() + 2 * N * V
+        for weights in (MTP_WEIGHTS, [1.0]):
+            w = torch.tensor(weights, device=device)
+            shape = f"{N}x{V} K={len(weights)}"
+
+            def ours(cfg=None, grad=grad, xn=xn, stats=stats, tn=tn, w=w, grad_s=grad_s, g8=g8, g8t=g8t):
+                softcapped_cross_entropy_bwd_e5m2(grad, xn, stats, tn, w, *SOFTCAP, grad_s, out=g8, out_t=g8t,
+                                                  config=cfg)
+
+            def eager(grad=grad, xn=xn, stats=stats, tn=tn, w=w, grad_s=grad_s, dn=dn):
+                softcapped_cross_entropy_bwd(grad, xn, stats, tn, w, *SOFTCAP, out=dn)
+                (dn / grad_s).to(torch.float8_e5m2).T.contiguous()
+
+            first = N == row_counts[0] and len(weights) == 3
+            cases.append(dict(op="softcapped_ce_bwd_e5m2", shape=shape, dtype="bf16", fn=ours, bytes=e5m2_bytes,
+                              flops=0, baselines={"torch": eager},
+                              check=(lambda: _check_e5m2(device)) if first else None))
+            if tune and N == row_counts[-1] and len(weights) == 3:
+                for cfg in E5M2_TUNING_CANDIDATES:
+                    cases.append(dict(op="softcapped_ce_bwd_e5m2[" + ",".join(f"{k}={v}" for k, v in cfg.items())
+                                      + "]", shape=shape, dtype="bf16", fn=lambda cfg=cfg, ours=ours: ours(cfg),
+                                      bytes=e5m2_bytes, flops=0, baselines={}))
+        w3 = torch.tensor(MTP_WEIGHTS, device=device)
+        C = HEAD_WIDTH
+        x8 = torch.randn(N, C, generator=gen).mul(4).to(device=device, dtype=torch.float8_e4m3fn)
+        w8 = torch.randn(C, V, generator=gen).mul(4).to(device=device, dtype=torch.float8_e4m3fn)
+        head_bytes = N * V * x.element_size() + N * C + C * V + 2 * (N * C + C * V)
+        cases.append(dict(op="fp8_head_bwd", shape=f"{N}x{V} C={C} K=3", dtype="bf16/fp8",
+                          fn=_fp8_head_fn(grad, xn, stats, tn, w3, x8, w8, g8, g8t, grad_s),
+                          bytes=head_bytes, flops=2 * 2 * N * C * V,
+                          baselines={"old_path": _fp8_head_old_fn(grad, xn, stats, tn, w3, x8, w8, dn, grad_s)},
+                          check=(lambda: _check_fp8_head(device)) if N == row_counts[0] else None))
+    return cases
 
 
 def bench_cases(device, tune=False):
@@ -89,4 +231,4 @@ def bench_cases(device, tune=False):
             cases.append(dict(op="softcapped_ce_fwd_bwd[" + ",".join(f"{k}={v}" for k, v in cfg.items()) + "]",
                               shape=shape, dtype="bf16", fn=lambda cfg=cfg: fwd_bwd(cfg),
                               bytes=3 * logits_bytes, flops=0, baselines={}))
-    return cases
+    return cases + fp8_head_cases(x, targets, dx, device, row_counts=(16384, N), tune=tune)
