@@ -109,25 +109,26 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=4096, num_warps=16),
 ]
 
-# e5m2 backward, 2-D tiles of BN rows x BV columns: NOT tuned, a first guess to be measured on a GPU. A 64 x 128
-# bf16 tile reads 16 KB and writes two 8 KB fp8 tiles whose rows are 128 bytes (g8) and 64 bytes (g8t, two
-# 32-byte sectors); 8 warps give each thread 32 elements. fp32 takes half the rows for the same bytes read.
-# `python -m benchmarks --only cross_entropy --tune` times E5M2_TUNING_CANDIDATES on a GPU; the winners belong
-# here with the GPU named.
+# e5m2 backward, 2-D tiles of BN rows x BV columns: NOT tuned, a first guess to be measured on a GPU. A 64 x 64
+# tile reads 64-column rows (128 bytes of bf16, 256 of fp32) and writes 64-byte rows to both outputs (two
+# 32-byte sectors each, on the transposed side too); 8 warps give each thread 16 elements, about as many
+# registers per element as the row kernels' 8. `python -m benchmarks --only cross_entropy --tune` times
+# E5M2_TUNING_CANDIDATES on a GPU; the winners belong here with the GPU named.
 E5M2_CONFIG = {
-    torch.bfloat16: dict(BN=64, BV=128, num_warps=8),
-    torch.float32: dict(BN=32, BV=128, num_warps=8),
+    torch.bfloat16: dict(BN=64, BV=64, num_warps=8),
+    torch.float32: dict(BN=64, BV=64, num_warps=8),
 }
 # Interpreter (CPU): the cost is per program, so fewer, larger tiles.
 E5M2_INTERPRETER_CONFIG = dict(BN=64, BV=256, num_warps=4)
 E5M2_TUNING_CANDIDATES = [
-    dict(BN=32, BV=128, num_warps=4),
+    dict(BN=32, BV=64, num_warps=4),
     dict(BN=64, BV=64, num_warps=4),
-    dict(BN=64, BV=128, num_warps=4),
+    dict(BN=64, BV=64, num_warps=8),
+    dict(BN=32, BV=128, num_warps=8),
     dict(BN=64, BV=128, num_warps=8),
+    dict(BN=64, BV=128, num_warps=16),
     dict(BN=128, BV=64, num_warps=8),
-    dict(BN=128, BV=128, num_warps=8),
-    dict(BN=64, BV=256, num_warps=8),
+    dict(BN=128, BV=128, num_warps=16),
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
