@@ -97,6 +97,7 @@ import math
 import os
 import platform
 import queue
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -106,6 +107,7 @@ import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -118,23 +120,23 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 import triton
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
-from kernels.adam import fused_adamw_multi_step
-from kernels.cross_entropy import softcapped_cross_entropy, softcapped_cross_entropy_ref
+from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
+from kernels.cross_entropy import (softcapped_cross_entropy, softcapped_cross_entropy_bwd_e5m2,
+                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import ceilings_for, git_sha
-from kernels.momentum import nesterov_momentum
-from kernels.normuon import normuon_update
+from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
+from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
-from kernels.transpose import transpose_add, transpose_copy
+from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 
 REPO = Path(__file__).resolve().parent
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
-BLOCK = 128  # flex_attention block size (tokens); window sizes are counted in these blocks
+BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
 
 # -----------------------------------------------------------------------------
 # Hyperparameters (every field is a command-line flag, see parse_args; the schedule table is below)
@@ -570,65 +572,110 @@ def doc_ids(ids, bos_id):
     return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
 
 
-def block_tensors(docs, window_blocks):
-    """Block-level masks for flex_attention, on the device, no host sync.
-
-    For query block qb and key block kb at distance d = qb - kb (tokens q - k in [128d-127, 128d+127]):
-    some pair is allowed iff d >= 0, the blocks share a document and d <= w; every pair is allowed iff
-    d > 0, both blocks lie in one document and d < w (window w blocks = 128w tokens, q - k < 128w).
-    Returns (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) of partial / full blocks.
-    """
-    NB = docs.numel() // BLOCK
-    d = docs.view(NB, BLOCK)
-    lo, hi = d[:, 0], d[:, -1]
-    pos = torch.arange(NB, device=docs.device)
-    dist_b = pos[:, None] - pos[None, :]
-    doc_any = (lo[:, None] <= hi[None, :]) & (hi[:, None] >= lo[None, :])
-    one_doc = lo == hi
-    doc_all = one_doc[:, None] & one_doc[None, :] & (lo[:, None] == lo[None, :])
-    any_ = (dist_b >= 0) & doc_any & (dist_b <= window_blocks)
-    full = (dist_b > 0) & doc_all & (dist_b < window_blocks)
-    partial = any_ & ~full
-
-    def ordered(m):
-        num = m.sum(-1, dtype=torch.int32)
-        idx = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-        return num[None, None].contiguous(), idx[None, None].contiguous()
-
-    return (*ordered(partial), *ordered(full))
-
-
 def stationary_dims(D, device):
     """(D,) bool: the head dims rotary leaves alone (pairs with zero frequency: i mod D/2 >= D/4)."""
     return torch.arange(D, device=device) % (D // 2) >= D // 4
 
 
 def dense_mask(docs, window):
-    """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the flex mask)."""
+    """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the attention mask)."""
     T = docs.numel()
     q = torch.arange(T, device=docs.device)
     rel = q[:, None] - q[None, :]
     return (rel >= 0) & (rel < window) & (docs[:, None] == docs[None, :])
 
 
-def flex_attend(q, k, v, docs, window, blocks, scale):
-    """q, k, v (T, H, D) -> (T, H, D) with flex_attention (CUDA)."""
-    T = q.shape[0]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (q_idx - kv_idx < window) & (docs[q_idx] == docs[kv_idx])
-
-    bm = BlockMask.from_kv_blocks(*blocks, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, T))
-    # (1, H, T, D) in its own layout: inductor writes it straight from the rotary / value-embedding kernels
-    # (no extra pass), and the flex templates then never see a strided view (the CPU one cannot).
-    q, k, v = (t[None].transpose(1, 2).contiguous() for t in (q, k, v))
-    y = flex_attention(q, k, v, block_mask=bm, scale=scale)
-    return y.transpose(1, 2)[0]
+def doc_cu_seqlens(ids, bos_id):
+    """(n_docs + 1,) int32 on the CPU: where each document of the 1-D sequence ``ids`` starts (position 0, then
+    every BOS after it) and its length T at the end: FlashAttention's cumulative sequence lengths. Computed on
+    the host (the loader thread, or evaluation's host-side ids), so no step waits on the device for it."""
+    ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
+    starts = np.flatnonzero(ids == bos_id)
+    starts = starts[starts > 0]
+    return torch.from_numpy(np.concatenate([[0], starts, [len(ids)]]).astype(np.int32))
 
 
-def dense_attend(q, k, v, docs, window, blocks, scale):
-    """CPU path: flex_attention has no CPU backward, so SDPA with the same mask, dense."""
-    mask = dense_mask(docs, window)
+class DocSeq(NamedTuple):
+    """The document structure of one attention call's sequence."""
+    cu: torch.Tensor  # (n_docs + 1,) int32 on the device: document starts and the length (FlashAttention)
+    docs: torch.Tensor  # (T,) int32 document index per position (the dense CPU path's mask)
+    max_len: int  # an upper bound of the documents' lengths (FlashAttention's grid)
+
+
+@torch.library.custom_op("speedrun::doc_attention", mutates_args=())
+def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, window: torch.Tensor,
+                  max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal attention within documents over a sliding window, with torch's FlashAttention (varlen) kernels.
+    q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window: 0-d int64 CPU tensor, the
+    window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in one document). The
+    window is read on the host, from a CPU tensor, so that a compiled caller takes it as an argument (no
+    recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the softmax
+    log-sum-exp and the RNG state, which the backward needs)."""
+    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
+        window_size_left=int(window) - 1, window_size_right=0)
+    return out, lse, rng
+
+
+@doc_attention.register_fake
+def _(q, k, v, cu, window, max_len, scale):
+    # torch's own shape rule for the op (the log-sum-exp layout differs between versions)
+    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale, window_size_left=0, window_size_right=0)
+    return out, lse, rng
+
+
+@torch.library.custom_op("speedrun::doc_attention_bwd", mutates_args=())
+def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                      lse: torch.Tensor, rng: torch.Tensor, cu: torch.Tensor, window: torch.Tensor, max_len: int,
+                      scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of doc_attention. FlashAttention's backward accumulates dq with atomics unless
+    deterministic algorithms are on without warn_only: --deterministic asks for that here, for this call."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        return torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, max_len, max_len,
+            0.0, True, rng, torch.empty(0, device=q.device), scale=scale, window_size_left=int(window) - 1,
+            window_size_right=0)
+    finally:
+        if deterministic:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@doc_attention_bwd.register_fake
+def _(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _doc_attention_setup(ctx, inputs, output):
+    q, k, v, cu, window, ctx.max_len, ctx.scale = inputs
+    out, lse, rng = output
+    ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
+    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+    ctx.mark_non_differentiable(lse, rng)
+
+
+def _doc_attention_backward(ctx, grad, *_):
+    dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+doc_attention.register_autograd(_doc_attention_backward, setup_context=_doc_attention_setup)
+
+
+def flash_attend(q, k, v, seq, window, scale):
+    """q, k, v (T, H, D) -> (T, H, D) (CUDA): doc_attention over seq's documents, window in tokens. FlashAttention
+    takes bf16 and fp16 only: fp32 parameters (--param-dtype float32) take the dense path."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return dense_attend(q, k, v, seq, window, scale)
+    return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
+
+
+def dense_attend(q, k, v, seq, window, scale):
+    """CPU path (and the tests' reference): SDPA with the same mask, dense."""
+    mask = dense_mask(seq.docs, window)
     y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                        attn_mask=mask, scale=scale)
     return y.transpose(0, 1)
@@ -637,15 +684,16 @@ def dense_attend(q, k, v, docs, window, blocks, scale):
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
-    def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, docs, window, blocks,
+    def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
                       paired=False, key_offset=False, bos=None):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) fp32 multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
         cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d fp32: the softmax scale,
-        applied to q (a tensor: YaRN changes it without a recompile). paired: docs/blocks are those of the
-        interleaved 2T sequence. key_offset: the keys' position-free dims are taken from the previous token,
-        except at the BOS positions (bos (T,) bool; the record shifts across documents too)."""
+        applied to q (a tensor: YaRN changes it without a recompile). seq: the DocSeq of the sequence, or with
+        paired of the interleaved 2T sequence; window: 0-d int64 CPU tensor, in tokens. key_offset: the keys'
+        position-free dims are taken from the previous token, except at the BOS positions (bos (T,) bool; the
+        record shifts across documents too)."""
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
@@ -665,7 +713,7 @@ def make_attn_sublayer(hp, attend):
             # new head j sees old head j at position 2t and old head j + H/2 at 2t + 1 (queries of one attend
             # to keys of both); windows count tokens of the 2T sequence (half the reach).
             q, k, v = (t.reshape(2 * T, H // 2, D) for t in (q, k, v))
-        y = attend(q, k, v, docs, window, blocks, 1.0).reshape(T, H, D)
+        y = attend(q, k, v, seq, window, 1.0).reshape(T, H, D)
         y = y * torch.sigmoid(h[:, :G] @ attn_gate.to(h.dtype).T)[..., None]
         return y.reshape(T, C) @ w_o.T
 
@@ -716,55 +764,63 @@ def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
 FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
 
 
-@torch.library.custom_op("speedrun::fp8_head_mm", mutates_args=())
-def fp8_head_mm(x: torch.Tensor, w: torch.Tensor, x_s: float, w_s: float,
-                grad_s: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (N, C) @ w (C, V) -> (N, V) in x's dtype through e4m3 copies x / x_s and w / w_s (also returned:
-    the backward reuses them). torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
+@torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
+def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
+                w_s: float, grad_s: float, A: float, B: float,
+                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training head and its loss in one op: per-row losses (N,) fp32 of kernels.cross_entropy's soft-capped
+    multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
+    accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
+    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
-    out = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
-                           use_fast_accum=True)
-    return out, x8, w8
+    logits = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
+                              use_fast_accum=True)
+    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
+    return losses, logits, stats, x8, w8
 
 
-@fp8_head_mm.register_fake
-def _(x, w, x_s, w_s, grad_s):
-    return (x.new_empty(x.shape[0], w.shape[1]), x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
-            w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+@fp8_head_ce.register_fake
+def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
+    N, V = x.shape[0], w.shape[1]
+    return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
+            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
 
 
-@torch.library.custom_op("speedrun::fp8_head_mm_bwd", mutates_args=())
-def fp8_head_mm_bwd(g: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float,
-                    grad_s: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of fp8_head_mm: g (N, V) rounded to e5m2 as g / grad_s; dx = g @ w^T, dw = x^T @ g (C, V),
-    both in g's dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
-    g8 = (g / grad_s).to(torch.float8_e5m2)
-    one = torch.ones((), dtype=torch.float32, device=g.device)
-    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=g.dtype)
-    dw = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=one * x_s, scale_b=one * grad_s,
-                          out_dtype=g.dtype)
+@torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
+def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
+                    weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
+                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient once, as e5m2 copies of
+    dlogits / grad_s in both layouts the two FP8 matmuls need (g8 (N, V) and g8t (V, N)); dx = g @ w^T and
+    dw = x^T @ g (C, V) come out in the logits' dtype, fp32 accumulation (no fast accumulation in the backward,
+    as in the record)."""
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
+    one = torch.ones((), dtype=torch.float32, device=grad.device)
+    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
+    dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
     return dx, dw
 
 
-@fp8_head_mm_bwd.register_fake
-def _(g, x8, w8, x_s, w_s, grad_s):
-    return g.new_empty(x8.shape), g.new_empty(w8.shape)
+@fp8_head_ce_bwd.register_fake
+def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
+    return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
 
 
-def _fp8_head_setup(ctx, inputs, output):
-    ctx.scales = inputs[2:]
-    ctx.save_for_backward(output[1], output[2])
+def _fp8_head_ce_setup(ctx, inputs, output):
+    _, _, targets, weights, *ctx.consts = inputs
+    _, logits, stats, x8, w8 = output
+    ctx.save_for_backward(logits, stats, targets, weights, x8, w8)
+    ctx.mark_non_differentiable(logits, stats, x8, w8)
 
 
-def _fp8_head_backward(ctx, grad_out, *_):
-    x8, w8 = ctx.saved_tensors
-    dx, dw = fp8_head_mm_bwd(grad_out.contiguous(), x8, w8, *ctx.scales)
-    return dx, dw, None, None, None
+def _fp8_head_ce_backward(ctx, grad_losses, *_):
+    dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
+    return (dx, dw) + (None,) * 8
 
 
-fp8_head_mm.register_autograd(_fp8_head_backward, setup_context=_fp8_head_setup)
+fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
 
 
 def fp8_head_support(device):
@@ -777,66 +833,39 @@ def fp8_head_support(device):
     return True, f"capability {cap[0]}.{cap[1]}"
 
 
-def head_matmul(x, lm_head, fp8):
-    """norm(x) (N, C) @ lm_head (C, V): FP8 (fp8_head_mm) or in the parameters' dtype."""
-    if fp8:
-        N = x.shape[0]
-        return fp8_head_mm(x.contiguous(), lm_head, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS))[0]
+SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
+
+
+def head_mm(x, lm_head):
+    """x (N, C) @ lm_head (C, V). On the CPU, bf16 operands are multiplied in fp32 and the product rounded once to
+    bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and 6x faster on a 2-core AVX2 CPU than
+    torch's CPU bf16 kernel (0.69 s against 0.11 s for 256 x 64 @ 64 x 50304), the smoke run's largest cost."""
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        return (x.float() @ lm_head.float()).to(x.dtype)
     return x @ lm_head
 
 
 def head_logits(x, lm_head, softcap):
     """Soft-capped fp32 logits (evaluation and sampling; never FP8)."""
-    logits = rms_norm(x) @ lm_head  # (T, V), head stored (C, V)
-    return softcap * torch.sigmoid((logits.float() + 5) / 7.5)
+    logits = head_mm(rms_norm(x), lm_head)  # (T, V), head stored (C, V)
+    return softcap * torch.sigmoid((logits.float() + SOFTCAP_B) / SOFTCAP_C)
 
 
 def head_loss(x, lm_head, targets, weights, softcap, ce, fp8):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
-    softcapped_cross_entropy (CUDA) or its _ref (CPU). With weights (1.0,): the mean next-token CE."""
-    logits = head_matmul(rms_norm(x), lm_head, fp8)
-    return ce(logits, targets, weights, softcap, 5.0, 7.5).mean()
+    softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead.
+    With weights (1.0,): the mean next-token CE."""
+    xn = rms_norm(x)
+    if fp8:
+        N = x.shape[0]
+        return fp8_head_ce(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS), softcap,
+                           SOFTCAP_B, SOFTCAP_C)[0].mean()
+    return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
 
 
-@dataclass
-class ModelFns:
-    attn: object
-    mlp: object
-    res_single: object
-    res_pair: object
-    prelude: object
-    loss: object  # training loss: multi-token weights, FP8 head when available
-    val_loss: object  # plain next-token mean CE, head in the parameters' dtype
-    logits: object
-    head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
-
-
-def build_fns(hp, device, compile_model, attention="auto"):
-    """The compiled (or eager) model pieces. attention: "auto" (flex on CUDA, dense SDPA on the CPU) or
-    "dense" (tests compare against a float64 reference with it on either device). The loss uses the Triton
-    cross-entropy kernel on CUDA and its PyTorch reference on the CPU (the interpreter is ~7x slower at V=50304).
-    The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul in the
-    parameters' dtype."""
-    cuda = device.type == "cuda" and attention == "auto"
-    if cuda:
-        # Without whole-function compilation flex_attention still has to be compiled (its eager form
-        # materialises T x T scores); inside a compiled sublayer it is inlined.
-        attend = flex_attend if compile_model else torch.compile(flex_attend, fullgraph=True, dynamic=False)
-    else:
-        attend = dense_attend
-    ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
-    ok, why = fp8_head_support(device)
-    fp8 = hp.fp8_head and ok
-    head_path = (f"fp8 ({why})" if fp8 else
-                 f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})")
-    pieces = [make_attn_sublayer(hp, attend), mlp_sublayer, residual_single, residual_pair, embed_prelude,
-              lambda x, w, t, wk: head_loss(x, w, t, wk, hp.softcap, ce, fp8),
-              lambda x, w, t, wk: head_loss(x, w, t, wk, hp.softcap, ce, False),
-              lambda x, w: head_logits(x, w, hp.softcap)]
-    if compile_model:
-        pieces = [torch.compile(f, fullgraph=True, dynamic=False) for f in pieces]
-    return ModelFns(*pieces, head_path=head_path)
+# -----------------------------------------------------------------------------
+# The model: embeddings (eager) -> layers + head (one compiled region per micro-batch shape)
 
 
 @dataclass
@@ -844,6 +873,7 @@ class MicroBatch:
     ids: torch.Tensor  # (T,) int32 inputs, on the device
     targets: torch.Tensor  # (T,) int64
     prep: object  # kernels.embedding.EmbeddingPrep for ids (None at validation)
+    cu_seqlens: torch.Tensor = None  # (n_docs + 1,) int32 doc_cu_seqlens(ids) from the host (None: made here)
     bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
     bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
 
@@ -852,118 +882,224 @@ def paired_layers(hp):
     return set(hp.paired_head_layers) if hp.paired_heads else set()
 
 
-class AttnContext:
-    """Per micro-batch: documents, rotary tables (YaRN-adjusted for the long window), softmax scale, and the
-    (window tensor, block tensors) masks, for the sequence and (paired heads) for its interleaved 2T copy.
-    Tables and scale are cached in rot_cache per (T, long window): made on a stage change, not per step."""
-
-    def __init__(self, hp, ids, windows, rot_cache):
-        T = ids.numel()
-        if T % BLOCK:
-            raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (flex_attention block size)")
-        dev, dtype = ids.device, getattr(torch, hp.param_dtype)
-        key = ("rope", T, windows[1])
-        if key not in rot_cache:
-            freq, scale = yarn_state(hp, windows[1])
-            rot_cache[key] = (rotary_tables(hp, T, dev, dtype, freq),
-                              rotary_tables(hp, T, dev, dtype, freq, paired=True) if paired_layers(hp) else None,
-                              torch.tensor(scale, dtype=torch.float32, device=dev))
-        (self.cos, self.sin), self.paired_tables, self.qscale = rot_cache[key]
-        self.bos = ids == hp.bos_id
-        self.docs = doc_ids(ids, hp.bos_id)
-        self.docs2 = self.docs.repeat_interleave(2) if paired_layers(hp) else None
-        self.masks, self.masks2 = {}, {}
-        for w in set(windows):
-            if ("window", w) not in rot_cache:  # made once: a fresh host->device copy per step could block
-                rot_cache[("window", w)] = torch.tensor(w * BLOCK, dtype=torch.int32, device=dev)
-            self.masks[w] = (rot_cache[("window", w)], block_tensors(self.docs, w))
-            if self.docs2 is not None:
-                self.masks2[w] = (rot_cache[("window", w)], block_tensors(self.docs2, w))
+class AttnTables(NamedTuple):
+    """What attention needs besides the tokens, for micro-batches of T tokens at windows (short, long): tensors
+    made once per (T, windows) on the host and passed to the compiled region as arguments, so that a stage
+    change never recompiles it and no step copies anything from the host."""
+    cos: torch.Tensor  # (T, 1, D/2) rotary tables, YaRN-adjusted for the long window
+    sin: torch.Tensor
+    paired_cos: Optional[torch.Tensor]  # (T, H, D/2) for paired-head layers (None without them)
+    paired_sin: Optional[torch.Tensor]
+    qscale: torch.Tensor  # 0-d fp32 softmax scale (YaRN grows it with the long window)
+    short: torch.Tensor  # 0-d int64 CPU tensor: the short window in tokens (read by doc_attention on the host)
+    long: torch.Tensor  # 0-d int64 CPU tensor: the long window in tokens
+    max_len: int  # longest document (FlashAttention's grid): max_doc_len in training, T otherwise
 
 
-def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_prep=None):
-    """Embedding + all layers -> final residual (T, C). windows = (short, long) in blocks. bigram: (T,) int32
-    bigram_hash(ids) (hashed here on ids' device when None) and its EmbeddingPrep (or None)."""
-    ctx = AttnContext(hp, ids, windows, rot_cache)
-    coefs, skip_lambda, attn_lam, smear_lambda, backout_lambda = scalar_views(hp, params["scalars"])
-    b_lams = params["bigram_lambdas"].unbind(0)
+def attn_tables(hp, T, windows, cache, device, max_len=None):
+    """The AttnTables of T tokens at windows (short, long) in blocks, cached in ``cache`` per (T, windows,
+    max_len). max_len: the longest document the sequences can hold (default T)."""
+    if T % BLOCK:
+        raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (the window unit)")
+    max_len = T if max_len is None else min(max_len, T)
+    key = ("tables", T, tuple(windows), str(device), max_len)
+    if key not in cache:
+        dtype = getattr(torch, hp.param_dtype)
+        freq, scale = yarn_state(hp, windows[1])
+        cos, sin = rotary_tables(hp, T, device, dtype, freq)
+        pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if paired_layers(hp) else (None, None)
+        short, long = (torch.tensor(w * BLOCK, dtype=torch.int64) for w in windows)
+        cache[key] = AttnTables(cos, sin, pcos, psin, torch.tensor(scale, dtype=torch.float32, device=device),
+                                short, long, max_len)
+    return cache[key]
+
+
+def cpu_embedding(ids, weight, prep=None):
+    """weight[ids] through torch's own embedding (the CPU path: its backward is a plain index_add, the math of
+    kernels.embedding without the Triton interpreter's cost at GPT-2's 50304 rows)."""
+    return F.embedding(ids, weight)
+
+
+def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None):
+    """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None).
+
+    Eager, outside the compiled region: the lookups are gathers, and their deterministic backward kernels (one
+    per table) run after the compiled backward. lookup: kernels.embedding.embedding (CUDA) or cpu_embedding."""
+    e = lookup(ids, params["embed"], prep=prep)
+    ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
+    # unbind (not indexing): its backward writes the tables' gradients with one stack
+    ves = [lookup(ids, w, prep=prep) for w in ve_w.unbind(0)]
+    big = None
     if hp.bigram:
         if bigram is None:
             bigram = bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
-        big = embedding(bigram, params["bigram_embed"], prep=bigram_prep)
-    else:
-        big = None
-    x0, lane0 = fns.prelude(embedding(ids, params["embed"], prep=prep), big,
-                            params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], ctx.bos)
-    attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
+        big = lookup(bigram, params["bigram_embed"], prep=bigram_prep)
+    return e, ves, big
+
+
+def make_layers(hp, attend):
+    """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
+    (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
+    one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device."""
+    attn = make_attn_sublayer(hp, attend)
     paired = paired_layers(hp)
-    ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
-    # unbind (not indexing): its backward writes the tables' gradients with one stack
-    ves = [embedding(ids, w, prep=prep) for w in ve_w.unbind(0)]
-    attn_w = params["attn_bank"].unbind(0)
-    mlp_w = params["mlp_bank"].unbind(0)
-    attn_gates = params["attn_gate"].unbind(0)
-    ve_gates = params["ve_gate"].unbind(0)
-    lane1, skip, back = None, None, None
-    a = v = 0  # index of the next attention layer / value-embedding gate
-    for i in range(hp.num_layers):
-        if i == hp.parallel_start:
-            lane1 = lane0
-        if i == hp.skip_to:
-            gated = 2 * torch.sigmoid(skip_lambda).to(skip.dtype) * skip
-            lane0 = lane0 + gated
-            lane1 = None if lane1 is None else lane1 + gated
-        if i not in hp.no_attn_layers:
-            window = windows[1] if i in hp.long_window_layers else windows[0]
-            win_t, blocks = ctx.masks[window]
-            t = hp.ve_tables[i]
-            ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
-            v += t >= 0
-            lam = attn_lams[a] if attn_lams is not None else None
-            if i in paired:
-                out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, *ctx.paired_tables,
-                               ctx.qscale, ctx.docs2, win_t, ctx.masks2[window][1], paired=True)
-            else:
-                # the public record offsets the keys in its long-window layers (never paired there)
-                ko = hp.key_offset and i in hp.long_window_layers
-                out = fns.attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, ctx.cos, ctx.sin,
-                               ctx.qscale, ctx.docs, win_t, blocks, key_offset=ko, bos=ctx.bos)
-            a += 1
-            inject = (big, b_lams[i]) if big is not None and i > 0 else ()  # layer 0's is in the prelude
+
+    def layers(params, e, ves, big, ids, cu, tables):
+        bos = ids == hp.bos_id
+        # The document structure for attention: for the sequence and (paired heads) its interleaved 2T copy, where
+        # every document is twice as long. docs (cumulative BOS count) serves the dense CPU path only (unused,
+        # and dropped by the compiler, on CUDA).
+        docs = doc_ids(ids, hp.bos_id)
+        seq = DocSeq(cu, docs, tables.max_len)
+        seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
+        windows = {"short": tables.short, "long": tables.long}
+        coefs, skip_lambda, attn_lam, smear_lambda, backout_lambda = scalar_views(hp, params["scalars"])
+        b_lams = params["bigram_lambdas"].unbind(0)
+        x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
+        attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
+        attn_w = params["attn_bank"].unbind(0)
+        mlp_w = params["mlp_bank"].unbind(0)
+        attn_gates = params["attn_gate"].unbind(0)
+        ve_gates = params["ve_gate"].unbind(0)
+        lane1, skip, back = None, None, None
+        a = v = 0  # index of the next attention layer / value-embedding gate
+        for i in range(hp.num_layers):
+            if i == hp.parallel_start:
+                lane1 = lane0
+            if i == hp.skip_to:
+                gated = 2 * torch.sigmoid(skip_lambda).to(skip.dtype) * skip
+                lane0 = lane0 + gated
+                lane1 = None if lane1 is None else lane1 + gated
+            if i not in hp.no_attn_layers:
+                kind = "long" if i in hp.long_window_layers else "short"
+                t = hp.ve_tables[i]
+                ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
+                v += t >= 0
+                lam = attn_lams[a] if attn_lams is not None else None
+                if i in paired:
+                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
+                               tables.paired_sin, tables.qscale, seq2, windows[kind], paired=True)
+                else:
+                    # the public record offsets the keys in its long-window layers (never paired there)
+                    ko = hp.key_offset and i in hp.long_window_layers
+                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
+                               tables.sin, tables.qscale, seq, windows[kind], key_offset=ko, bos=bos)
+                a += 1
+                inject = (big, b_lams[i]) if big is not None and i > 0 else ()  # layer 0's is in the prelude
+                if lane1 is None:
+                    lane0 = residual_single(lane0, out, x0, coefs[2 * i], *inject)
+                else:
+                    lane0, lane1 = residual_pair(lane0, lane1, out, x0, coefs[2 * i], *inject)
+            if i == hp.skip_from:
+                skip = lane0
+            out = mlp_sublayer(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
             if lane1 is None:
-                lane0 = fns.res_single(lane0, out, x0, coefs[2 * i], *inject)
+                lane0 = residual_single(lane0, out, x0, coefs[2 * i + 1])
             else:
-                lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i], *inject)
-        if i == hp.skip_from:
-            skip = lane0
-        out = fns.mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
-        if lane1 is None:
-            lane0 = fns.res_single(lane0, out, x0, coefs[2 * i + 1])
-        else:
-            lane0, lane1 = fns.res_pair(lane0, lane1, out, x0, coefs[2 * i + 1])
-        if i == hp.backout_layer:
-            back = lane0
-    x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
-    if hp.backout:
-        # Back out what the first layers wrote for later context rather than for the prediction (public record).
-        x = x - backout_lambda.to(x.dtype) * back
-    return x
+                lane0, lane1 = residual_pair(lane0, lane1, out, x0, coefs[2 * i + 1])
+            if i == hp.backout_layer:
+                back = lane0
+        x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
+        if hp.backout:
+            # Back out what the first layers wrote for later context rather than for the prediction (public record).
+            x = x - backout_lambda.to(x.dtype) * back
+        return x
+
+    return layers
+
+
+@dataclass
+class ModelFns:
+    lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
+    layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
+    train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights) -> training loss
+    val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
+    loss: object  # head only: (x, lm_head, targets, weights) -> training loss (FP8 head where available)
+    val_loss: object  # head only, in the parameters' dtype
+    logits: object  # (x, lm_head) -> soft-capped fp32 logits
+    head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
+
+
+def build_fns(hp, device, compile_model, attention="auto"):
+    """The model functions, compiled or eager. attention: "auto" (FlashAttention on CUDA, dense SDPA on the CPU)
+    or "dense" (tests compare against a float64 reference with it on either device). Compiled (CUDA),
+    train_step and val_step are each one region (torch.compile fullgraph, one graph per micro-batch length and
+    grad mode; the number of documents is a dynamic dimension): the whole stack of layers and the head, so
+    that a micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
+    residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
+    are opaque custom ops inside it (no Triton templates to compile). The loss uses the Triton cross-entropy
+    kernel on CUDA and its PyTorch reference on the CPU. The FP8 head is chosen here, once: hp.fp8_head and
+    fp8_head_support(device), else the same matmul in the parameters' dtype."""
+    attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
+    ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
+    ok, why = fp8_head_support(device)
+    fp8 = hp.fp8_head and ok
+    head_path = (f"fp8 ({why})" if fp8 else
+                 f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})")
+    layers = make_layers(hp, attend)
+
+    def loss(x, w, t, wk):
+        return head_loss(x, w, t, wk, hp.softcap, ce, fp8)
+
+    def val_loss(x, w, t, wk):
+        return head_loss(x, w, t, wk, hp.softcap, ce, False)
+
+    def logits(x, w):
+        return head_logits(x, w, hp.softcap)
+
+    def train_step(params, e, ves, big, ids, cu, targets, tables, wk):
+        return loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, wk)
+
+    def val_step(params, e, ves, big, ids, cu, targets, tables):
+        one = torch.ones(1, dtype=torch.float32, device=ids.device)
+        return val_loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, one)
+
+    pieces = [layers, train_step, val_step, loss, val_loss, logits]
+    if compile_model:
+        pieces = [torch.compile(f, fullgraph=True, dynamic=False) for f in pieces]
+    lookup = embedding if device.type == "cuda" else cpu_embedding
+    return ModelFns(lookup, *pieces, head_path=head_path)
+
+
+def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_prep=None, cu=None):
+    """Embeddings + all layers -> final residual (T, C). windows = (short, long) in blocks. bigram: (T,) int32
+    bigram_hash(ids) (hashed here on ids' device when None) and its EmbeddingPrep (or None). cu: the
+    documents' doc_cu_seqlens on ids' device (made here from ids when None: a host copy of ids)."""
+    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device)
+    e, ves, big = embed_inputs(hp, params, ids, fns.lookup, prep, bigram, bigram_prep)
+    return fns.layers(model_params(params), e, ves, big, ids, region_cu(hp, ids, cu), tables)
+
+
+def region_cu(hp, ids, cu):
+    """The document boundaries as the compiled region takes them: on ids' device, the number of documents marked
+    as a dynamic dimension (any count, one graph)."""
+    if cu is None:
+        cu = doc_cu_seqlens(ids, hp.bos_id)
+    cu = cu.to(ids.device, non_blocking=True)
+    torch._dynamo.mark_dynamic(cu, 0)
+    return cu
+
+
+# Parameters read inside the compiled region (the embedding tables are read by the eager lookups before it).
+REGION_PARAMS = ("attn_bank", "mlp_bank", "lm_head", "scalars", "attn_gate", "ve_gate", "bigram_lambdas",
+                 "smear_gate")
+
+
+def model_params(params):
+    return {k: params[k] for k in REGION_PARAMS}
 
 
 def forward(hp, params, fns, batch, windows, rot_cache, mtp=None):
     """Loss of one micro-batch (a 0-d fp32 tensor). mtp: (K,) fp32 multi-token weights on the device (the
     training loss, mean over rows of the weighted sum) or None (validation: mean next-token CE)."""
-    x = trunk(hp, params, fns, batch.ids, batch.prep, windows, rot_cache, batch.bigram, batch.bigram_prep)
+    ids = batch.ids
+    # Training micro-batches hold documents cut to max_doc_len (the loader); validation chunks may not.
+    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, None if mtp is None else hp.max_doc_len)
+    e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep)
+    cu = region_cu(hp, ids, batch.cu_seqlens)
     if mtp is None:
-        return fns.val_loss(x, params["lm_head"], batch.targets, val_weights(rot_cache, x.device))
-    return fns.loss(x, params["lm_head"], batch.targets, mtp)
-
-
-def val_weights(cache, device):
-    """The (1,) weight tensor [1.0] of the plain next-token loss, made once per device."""
-    if ("val_weights", device) not in cache:
-        cache[("val_weights", device)] = torch.ones(1, dtype=torch.float32, device=device)
-    return cache[("val_weights", device)]
+        return fns.val_step(model_params(params), e, ves, big, ids, cu, batch.targets, tables)
+    return fns.train_step(model_params(params), e, ves, big, ids, cu, batch.targets, tables, mtp)
 
 
 # -----------------------------------------------------------------------------
@@ -988,6 +1124,30 @@ ADAM_SLOW = frozenset({"embed", "lm_head", "value_embeds", "bigram_embed"})
 # Reduce order: small Adam tensors first, then the big ones whose update waits longest; embed after lm_head.
 ORDER = ("scalars", "attn_gate", "ve_gate", "smear_gate", "bigram_lambdas", "lm_head", "value_embeds", "bigram_embed",
          "embed", "attn_bank", "mlp_bank")
+
+
+def normuon_update_cpu(o, v2, master, lr_mul, param_out, *, lr, beta2, wd):
+    """kernels.normuon.normuon_update's contract (param_out written in place) through its PyTorch reference."""
+    param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, lr=lr, beta2=beta2, wd=wd, param_dtype=param_out.dtype))
+
+
+class StepKernels(NamedTuple):
+    """The optimizer's kernels: our Triton kernels on CUDA; on the CPU their PyTorch references (the same math;
+    Triton's interpreter would cost seconds per smoke step, and tests/test_<kernel>.py test the kernels)."""
+    momentum: object  # nesterov_momentum(grad, buf, momentum) -> X bf16
+    polar: object  # polar_express(X, normalized=True)
+    normuon: object  # normuon_update(o, v2, master, lr_mul, param_out, lr=, beta2=, wd=)
+    adam: object  # fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
+    transpose_add: object  # dst += src.T
+    transpose_copy: object  # dst = src.T
+
+
+def step_kernels(device):
+    if device.type == "cuda":
+        return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step, transpose_add,
+                           transpose_copy)
+    return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_update_cpu, fused_adamw_multi_step_ref,
+                       transpose_add_ref, transpose_copy_ref)
 
 
 class Group:
@@ -1040,6 +1200,7 @@ class Group:
 class Optimizer:
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
+        self.k = step_kernels(d.device)
         self.groups = {n: Group(n, params[n], d) for n in ORDER}
         self.tied = True
         self.pending = False  # the ADAM_SLOW accumulators hold gradients of skipped steps
@@ -1086,7 +1247,7 @@ class Optimizer:
             if len(self.tied_final) < 2:
                 return
             head, emb = self.groups["lm_head"], self.groups["embed"]
-            transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
+            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
             g = head
         self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
 
@@ -1103,7 +1264,7 @@ class Optimizer:
         """Give the embedding the LM head's (transposed) Adam state, then update both separately."""
         head, emb = self.groups["lm_head"], self.groups["embed"]
         if self.pending:  # gradients of skipped tied steps: fold the embedding's into the head's, as a tied step does
-            transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
+            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
             emb.acc.zero_()
         full = {}
         for key in ("master", "exp_avg", "exp_avg_sq"):
@@ -1130,7 +1291,7 @@ class Optimizer:
         if self.final is not None and self.final != slow:
             raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
         if slow and self.tied and "lm_head" not in self.launched:
-            transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
+            self.k.transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
                           self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
         for name in names:  # the reduce-scatters the backward did not start, in ORDER
             if name not in self.launched and not (name == "embed" and self.tied):
@@ -1158,7 +1319,7 @@ class Optimizer:
             if g.gathered is not g.param.data:
                 g.param.data.copy_(g.gathered[:g.rows])
             if g.name == "lm_head" and self.tied:
-                transpose_copy(g.param.data, self.groups["embed"].param.data)
+                self.k.transpose_copy(g.param.data, self.groups["embed"].param.data)
         for name in names:
             self.groups[name].acc.zero_()
         self.pending = not slow
@@ -1183,21 +1344,17 @@ class Optimizer:
             if fp32:
                 g.shard_param = g.master
         if params:
-            fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
+            self.k.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
 
     def _muon(self, g, grad, lr_mul, momentum):
         hp = self.hp
         M, N = g.param.shape[1:]
-        x = nesterov_momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
-        # On the CPU the kernel's PyTorch reference stands in: Triton's interpreter needs ~25 s per smoke-sized
-        # call (and cannot multiply bf16); every other optimizer kernel runs in the interpreter.
-        pe = polar_express if x.device.type == "cuda" else polar_express_ref
-        o = pe(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
+        x = self.k.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
+        o = self.k.polar(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
         # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
-        # the cast to the parameter dtype, fused (kernels.normuon; also on the CPU, in the interpreter: 0.3 s and
-        # 0.7 s for the smoke banks on a 2-core CPU, against ~10 s for the rest of a smoke step).
-        normuon_update(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+        # the cast to the parameter dtype, fused (kernels.normuon).
+        self.k.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
                        wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
@@ -1323,14 +1480,15 @@ class TrainLoader:
             ids = torch.from_numpy(buf[:-1].astype(np.int32))
             targets = torch.from_numpy(buf[1:])
             prep = prepare_ids(ids, self.hp.vocab_size)
+            cu = doc_cu_seqlens(buf[:-1], self.hp.bos_id)
             extra = ()
             if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
                 bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
                 extra = (bigram, prepare_ids(bigram, self.hp.bigram_vocab_size))
             if self.d.device.type == "cuda":
-                ids, targets, prep = ids.pin_memory(), targets.pin_memory(), prep.pin_memory()
+                ids, targets, prep, cu = ids.pin_memory(), targets.pin_memory(), prep.pin_memory(), cu.pin_memory()
                 extra = tuple(t.pin_memory() for t in extra)
-            micro.append((ids, targets, prep, *extra))
+            micro.append((ids, targets, prep, cu, *extra))
         return micro, new_state
 
     def _worker(self, state):
@@ -1383,7 +1541,8 @@ def val_batches(hp, tokens, n_micro, d):
     T = hp.val_micro_tokens
     for m in range(d.rank, n_micro, d.world):
         buf = torch.from_numpy(np.asarray(tokens[m * T:m * T + T + 1]).astype(np.int64))
-        yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None)
+        yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
+                         doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
 
 
 # -----------------------------------------------------------------------------
@@ -1515,9 +1674,12 @@ class Trainer:
         self.val_tokens = load_shard(val_files[0], mmap=True)
         self.val_micro = val_plan(hp, len(self.val_tokens))
         self.rot_cache = {}
-        # Multi-token weights of every step as device tensors, made once (a per-step copy could block).
-        self.mtp = [torch.tensor(mtp_weights_at(hp, s), dtype=torch.float32, device=d.device)
-                    for s in range(hp.total_steps)]
+        # Multi-token weights of every step as device tensors, made once (a per-step copy could block), zero-padded
+        # to the stage table's longest list: a weight of 0 adds nothing to the loss or its gradient, and one
+        # length for every stage keeps the compiled region's inputs the same but for the micro-batch length.
+        K = max(len(mtp_weights_at(hp, s)) for s in range(hp.total_steps))
+        self.mtp = [torch.tensor(mtp_weights_at(hp, s) + (0.0,) * (K - len(mtp_weights_at(hp, s))),
+                                 dtype=torch.float32, device=d.device) for s in range(hp.total_steps)]
         # --hellaswag-every: examples rendered and packed once; eager model pieces (their own shapes)
         self.hellaswag = HellaSwag(hp, d) if hp.hellaswag_every > 0 else None
         self.eval_fns = build_fns(hp, d.device, compile_model=False) if hp.compile else self.fns
@@ -1564,36 +1726,206 @@ class Trainer:
         return (total / n).item()
 
 
-def warmup(trainer):
-    """Untimed: adam_every steps from every stage start (every batch shape and window, steps with and without the
-    slow Adam groups, tied and untied optimizer) and one validation micro-batch, so compilation and autotuning
-    happen here; then a full state reset."""
-    hp = trainer.hp
-    t0 = time.perf_counter()
-    starts = [start for start, _, _ in stage_bounds(hp)]
-    for s in starts:
-        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": s})
-        for t in range(s, s + hp.adam_every):  # a step with and one without the slow Adam groups
-            trainer.train_step(t, want_loss=False)
+def warmup(trainer, log=None):
+    """Untimed: one training step of every distinct micro-batch shape (the first stage's two steps: without and
+    with the slow Adam groups), the untie and an untied step, one validation micro-batch and (with
+    --hellaswag-every) one HellaSwag pack, so that compilation, the first launch of every Triton kernel and
+    autotuning happen here; then a full state reset. Returns [(phase, seconds)]: the wall time of each phase
+    (compiling, then running once), also logged as each ends (``compile_phase:`` lines: a long compile shows
+    where it is)."""
+    hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
+    phases = []
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        phases.append((name, time.perf_counter() - t0))
+        if log is not None:
+            log(f"compile_phase: {name}: {phases[-1][1]:.1f} s")
+
+    seen = set()
+    for i, (start, end, stage) in enumerate(stage_bounds(hp)):
+        T = micro_tokens_at(hp, start)
+        if start >= end or T in seen:
+            continue  # same shape as an earlier stage: its windows and YaRN tables are tensor arguments
+        seen.add(T)
+        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": start})
+        steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
+        for t in steps:  # the first stage also steps once with and once without the slow Adam groups
+            timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
     if trainer.opt.tied:
-        trainer.opt.untie()  # exercise the untie path and the untied step
-    trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": starts[-1]})
-    trainer.train_step(starts[-1], want_loss=False)
-    trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
-    if trainer.hellaswag is not None:  # flex_attention compiles for the packed HellaSwag shape here
+        last = stage_bounds(hp)[-1][0]
+        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": last})
+        timed("untie + untied step", lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
+    timed(f"validation T={hp.val_micro_tokens}",
+          lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
+    if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
         hs = trainer.hellaswag
-        hellaswag_scores(hp, trainer.params, trainer.eval_fns, hs.packs[:1], len(hs.labels), trainer.d.device,
-                         trainer.rot_cache)
+        timed("hellaswag pack", lambda: hellaswag_scores(hp, trainer.params, trainer.eval_fns, hs.packs[:1],
+                                                          len(hs.labels), trainer.d.device, trainer.rot_cache))
     trainer.loader.close()
     trainer.reset()
-    if trainer.d.device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return phases
 
 
 def unique_graphs():
     from torch._dynamo.utils import counters
     return counters["stats"]["unique_graphs"]
+
+
+def compile_metrics():
+    """torch's per-frame compilation records (forward frames and their lazily compiled backwards)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+        return list(get_compilation_metrics())
+    except (ImportError, AttributeError):
+        return []
+
+
+def _us(m, field):
+    v = getattr(m, field, None)
+    return (v or 0) / 1e6
+
+
+def compile_report(metrics, phases):
+    """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
+    Triton compilation, the backward's inductor and Triton time, FX-graph cache hits) and a total; the cache
+    state is "cold" (no graph came from the inductor cache), "warm" (all did) or
+    "partly warm (h of n graphs from the cache)"."""
+    lines, hits, lookups = [], 0, 0
+    backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
+    for m in metrics:
+        if getattr(m, "is_forward", True) is False:
+            continue
+        total = getattr(m, "entire_frame_compile_time_s", None) or 0.0
+        aot, ind, tri = (_us(m, f) for f in ("aot_autograd_cumulative_compile_time_us",
+                                               "inductor_cumulative_compile_time_us", "triton_compile_time_us"))
+        b = backward.get(m.compile_id)
+        b_total = _us(b, "backward_cumulative_compile_time_us") if b else 0.0
+        b_tri = _us(b, "triton_compile_time_us") if b else 0.0
+        h = sum(getattr(x, "inductor_fx_local_cache_hit_count", 0) or 0 for x in (m, b) if x)
+        n = h + sum(getattr(x, "inductor_fx_local_cache_miss_count", 0) or 0 for x in (m, b) if x)
+        hits, lookups = hits + h, lookups + n
+        lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
+                     f"forward {total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
+                     f"{ind:.1f} of which triton {tri:.1f}), backward {b_total:.1f} s (triton {b_tri:.1f}); "
+                     f"fx_graph_cache {h}/{n} hits")
+    frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)
+    compile_s = sum((getattr(m, "entire_frame_compile_time_s", None) or 0.0) for m in metrics) + sum(
+        _us(m, "backward_cumulative_compile_time_us") for m in backward.values())
+    wall = sum(s for _, s in phases)
+    lines.append(f"compile_report: {frames} frames compiled, {unique_graphs()} graphs, compile {compile_s:.1f} s of "
+                 f"the warmup's {wall:.1f} s (the rest: first launches of our Triton kernels, running the steps)")
+    state = ("cold" if lookups == 0 or hits == 0 else "warm" if hits == lookups
+             else f"partly warm ({hits} of {lookups} graphs from the cache)")
+    return lines, state
+
+
+def _dir_bytes(path):
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def inductor_cache_dir():
+    """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return Path(cache_dir())
+
+
+def triton_cache_dir():
+    """Where Triton keeps the binaries of our own @triton.jit kernels (TRITON_CACHE_DIR, else ~/.triton/cache)."""
+    knobs = getattr(triton, "knobs", None)
+    path = getattr(getattr(knobs, "cache", None), "dir", None) if knobs is not None else None
+    return Path(path or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+class CompileCache:
+    """--compile-cache PATH: compile artifacts a user can keep (another process, another day, a copy on another
+    machine of the same kind). PATH holds inductor's cache (compiled graphs, their Triton kernels), the Triton
+    cache of our own kernels, and stamp.json: the torch / Triton / CUDA / Python versions, the GPU and the
+    sha256 of the source that ran. At start (before anything compiles), a matching stamp points inductor and
+    Triton at PATH (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): the compile then reads finished artifacts.
+    A stamp that differs is reported in one line and PATH is emptied: the run compiles cold. After the warmup
+    the caches the run used are copied into PATH (when it was not reading from there already) and stamped."""
+
+    def __init__(self, path, stamp):
+        self.path, self.stamp = Path(path), stamp
+        self.loaded, self.why = False, ""
+
+    @staticmethod
+    def current_stamp(device):
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                "python": platform.python_version(), "gpu": gpu,
+                "code": hashlib.sha256(source_dump().encode()).hexdigest()[:16]}
+
+    def open(self):
+        """Read PATH's stamp and point the compilers at PATH if it matches; call before any compilation."""
+        stamp_file = self.path / "stamp.json"
+        if self.path.exists() and not self.path.is_dir():
+            raise FileNotFoundError(f"--compile-cache {self.path}: exists and is not a directory")
+        if stamp_file.is_file():
+            try:
+                old = json.loads(stamp_file.read_text())
+            except (OSError, ValueError):
+                old = {}
+            diff = [k for k in self.stamp if old.get(k) != self.stamp[k]]
+            if not diff:
+                self.loaded = True
+            else:
+                self.why = ("made with " + ", ".join(f"{k} {old.get(k)}" for k in diff) + "; this run has "
+                            + ", ".join(f"{k} {self.stamp[k]}" for k in diff) + ": emptied, compiling")
+                for sub in ("inductor", "triton", "stamp.json"):
+                    p = self.path / sub
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        elif self.path.is_dir() and any(self.path.iterdir()):
+            self.why = "no stamp.json (an interrupted save?): compiling"
+        else:
+            self.why = "empty: compiling"
+        if self.loaded:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.path / "inductor")
+            os.environ["TRITON_CACHE_DIR"] = str(self.path / "triton")
+        return self
+
+    def describe(self, state):
+        if self.loaded:
+            return f"loaded {self.path} ({state})"
+        return f"{state} (--compile-cache {self.path}: {self.why})"
+
+    def save(self):
+        """Copy the caches the run used into PATH (unless it read from there), write the stamp; the log line."""
+        t0 = time.perf_counter()
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not self.loaded:
+            for src, name in ((inductor_cache_dir(), "inductor"), (triton_cache_dir(), "triton")):
+                if src.is_dir():
+                    shutil.copytree(src, self.path / name, dirs_exist_ok=True)
+        (self.path / "stamp.json").write_text(json.dumps(self.stamp, indent=1) + "\n")
+        size = _dir_bytes(self.path) / 2 ** 20
+        return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+
+
+def compile_warmup(trainer, log, cache=None):
+    """Compile every shape before the clock starts; logs compile_warmup_s, the compile_cache line (how the
+    compile started: cold, warm or loaded from --compile-cache) and the compile_report lines. Returns the graph
+    count after it (0 without compile)."""
+    if not trainer.hp.compile:
+        # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
+        log("compile_warmup_s: 0.0")
+        return 0
+    n_before = len(compile_metrics())
+    phases = warmup(trainer, log)
+    log(f"compile_warmup_s: {sum(s for _, s in phases):.1f}")
+    lines, state = compile_report(compile_metrics()[n_before:], phases)
+    log(f"compile_cache: {cache.describe(state) if cache is not None else state}")
+    for line in lines:
+        log(line)
+    if cache is not None:
+        log(cache.save())
+    return unique_graphs()
 
 
 def resolve_files(hp):
@@ -1616,20 +1948,6 @@ def open_log(hp, args, d, train_files, val_files):
         log(line, console=False)
     log("=" * 100, console=False)
     return log, run_id
-
-
-def compile_warmup(trainer, log):
-    """Compile every shape before the clock starts; returns the graph count after it (0 without compile)."""
-    if not trainer.hp.compile:
-        # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
-        log("compile_warmup_s: 0.0")
-        return 0
-    # 6 attention variants (value embedding, paired, key offset) x (3 train shapes + val + HellaSwag), plus
-    # the loss per number of multi-token weights
-    torch._dynamo.config.recompile_limit = 64
-    warm_s = warmup(trainer)
-    log(f"compile_warmup_s: {warm_s:.1f}")
-    return unique_graphs()
 
 
 def resume(trainer, path, log):
@@ -1811,17 +2129,37 @@ def profile_stages(trainer, log):
     trainer.reset()
 
 
+def open_compile_cache(hp, args, d):
+    """The CompileCache of --compile-cache (None without the flag or without compilation), opened before anything
+    compiles: rank 0 reads the stamp (and empties a stale cache) before the other ranks look."""
+    if not args.compile_cache or not hp.compile:
+        return None
+    cache = CompileCache(args.compile_cache, CompileCache.current_stamp(d.device))
+    if d.rank == 0:
+        cache.open()
+    if d.world > 1:
+        dist.barrier()
+    if d.rank != 0:
+        cache.open()
+    return cache
+
+
 def run_training(hp, args, d):
     """One training run: files, log header, trainer, compile warmup, optional resume, timed loop, footer.
     Returns (log path, checkpoint folder)."""
     train_files, val_files = resolve_files(hp)
     hp = fit_to_data(hp, train_files, val_files)
     log, run_id = open_log(hp, args, d, train_files, val_files)
+    cache = open_compile_cache(hp, args, d)
+    if args.compile_cache and cache is None:
+        log(f"compile_cache: --compile-cache {args.compile_cache} not used (nothing is compiled)")
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    graphs_after_warmup = compile_warmup(trainer, log)
+    graphs_after_warmup = compile_warmup(trainer, log, cache if d.rank == 0 else None)
+    if cache is not None and d.world > 1:
+        dist.barrier()  # rank 0 copies the caches into --compile-cache before the clock starts
     if hp.profile_steps > 0:
         profile_stages(trainer, log)
         graphs_after_warmup = unique_graphs() if hp.compile else 0
@@ -1876,7 +2214,7 @@ class EvalPack:
 def pack_hellaswag(rendered, bos_id, pack_tokens=HELLASWAG_PACK_TOKENS):
     """Pack rendered examples [(ctx ids, [4 ending ids], label)] greedily, whole examples only, into
     sequences of at most pack_tokens (an example longer than that gets a sequence of its own), all padded
-    with BOS to one length, a multiple of BLOCK (one compiled attention shape)."""
+    with BOS to one length, a multiple of BLOCK."""
     packs, cur = [], None
     for e, (ctx, endings, _) in enumerate(rendered):
         size = sum(1 + len(ctx) + len(end) for end in endings)
@@ -1953,7 +2291,7 @@ def load_model(path, d):
     ck = torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
     hp = hyperparameters_from_dict(ck["hyperparameters"])
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
-    # Eager pieces: evaluation runs a few shapes once (flex_attention alone is compiled on CUDA).
+    # Eager pieces: evaluation runs each length once or a few times (nothing to compile).
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
@@ -1962,11 +2300,17 @@ def evaluate_hellaswag(args, d):
     hp, params, fns = load_model(args.hellaswag, d)
     over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
     hp = dataclasses.replace(hp, **over)
-    res = HellaSwag(hp, d).evaluate(hp, params, fns, {})
+    bench = HellaSwag(hp, d)
+    graphs, t0 = unique_graphs(), time.perf_counter()
+    res = bench.evaluate(hp, params, fns, {})
     res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
-            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token"}
+            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token",
+            "packs": len(bench.packs), "seconds": round(time.perf_counter() - t0, 1),
+            "compiled_graphs": unique_graphs() - graphs}
     if d.rank == 0:
         print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
+        print(f"hellaswag_eval: {res['packs']} packs of {bench.packs[0].ids.numel() if bench.packs else 0} tokens "
+              f"on rank 0, {res['seconds']} s, {res['compiled_graphs']} graphs compiled")
         (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
     return res
 
@@ -1996,7 +2340,7 @@ def sample(args, d):
     enc = load_gpt2()
     prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
     g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
-    rot_cache, texts = {}, []
+    rot_cache, texts, graphs = {}, [], unique_graphs()
     for i in range(args.num_samples):
         ids = list(prompt)
         for _ in range(args.max_new_tokens):
@@ -2006,6 +2350,9 @@ def sample(args, d):
         texts.append(enc.decode(ids[1:]))
         if d.rank == 0:
             print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
+    if d.rank == 0:  # on stderr: stdout is the text
+        print(f"sample_eval: {unique_graphs() - graphs} graphs compiled (the model runs eagerly)",
+              file=sys.stderr)
     return texts
 
 
@@ -2090,7 +2437,8 @@ def parse_args(argv):
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from, same world size")
     p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
-    p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (implies --no-compile)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny CPU-sized run (eager; on a GPU --smoke --compile compiles it)")
     p.add_argument("--hellaswag", metavar="CHECKPOINT",
                    help="checkpoint folder: print its HellaSwag accuracy and write hellaswag.json there")
     p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
@@ -2101,6 +2449,9 @@ def parse_args(argv):
     p.add_argument("--num-samples", type=_at_least(1, int), default=1,
                    help="continuations to print, drawn one after another from one generator seeded by --seed")
     p.add_argument("--log-dir", default="logs")
+    p.add_argument("--compile-cache", metavar="PATH",
+                   help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
+                        "matches (else emptied and compiled cold), saved after the compile warmup")
     return p.parse_args(argv)
 
 
@@ -2108,19 +2459,36 @@ def hyperparameters_from(args):
     hp = smoke_hyperparameters() if args.smoke else Hyperparameters()
     over = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters) if f.name not in NOT_FLAGS}
     hp = dataclasses.replace(hp, **{k: v for k, v in over.items() if v is not None})
-    if args.smoke or not torch.cuda.is_available():
-        hp = dataclasses.replace(hp, compile=False)
+    if not torch.cuda.is_available():
+        hp = dataclasses.replace(hp, compile=False)  # the CPU path runs eagerly (see build_fns)
     return hp
+
+
+def keep_freed_memory():
+    """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
+    allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
+    each afresh (mmap above 32 MB, trim after free) and every page faults again: 53 s of system time in a 100 s
+    --smoke run on GPT-2 shards (2 cores), 1.6 s with these settings. No effect where glibc is not the
+    allocator."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-4, 0)  # M_MMAP_MAX: serve large blocks from the heap as well
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of free heap
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if not torch.cuda.is_available():
+        keep_freed_memory()
     # Three batch shapes share one allocator: expandable segments avoid fragmenting it (before CUDA starts).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        # warn_only: ops without a deterministic kernel warn instead of failing (flex_attention's backward
-        # and our Triton kernels are deterministic already).
+        # warn_only: ops without a deterministic kernel warn instead of failing (our Triton kernels are
+        # deterministic; FlashAttention's backward is made so per call, see doc_attention_bwd).
         torch.use_deterministic_algorithms(True, warn_only=True)
     d = setup_distributed()
     try:

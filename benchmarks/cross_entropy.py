@@ -8,10 +8,10 @@ backward through autograd. The eager baseline materialises several (N, V) fp32 t
 run out of memory on an 80 GB GPU; the harness then reports it as failed.
 
 FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GPU):
-  * ``softcapped_ce_bwd_e5m2`` (K=3 and K=1): the backward that writes the e5m2 gradient g8 (N, V) and its
-    transpose g8t (V, N). Bytes N*V*2 read + 2*N*V written (9.9 GB at N=49152). Baseline "torch": what the
-    trainer does today, our bf16 backward, then ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()``
-    eagerly.
+  * ``softcapped_ce_bwd_e5m2`` (K=3 and K=1): the backward that writes the e5m2 gradient g8 (N, V), then its
+    transpose g8t (V, N) (kernels.transpose). Bytes N*V*2 read + N*V written by the row kernel, N*V read and
+    written by the transpose (12.4 GB at N=49152). Baseline "torch": the trainer's path before it, our bf16
+    backward, then ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()`` eagerly.
   * ``fp8_head_bwd`` (K=3, C=768): the whole backward of the FP8 LM head, the e5m2 kernel then
     dx = g8 @ w8^T and dW = x8^T @ g8t with ``torch._scaled_mm`` (w8 (C, V) and x8 (N, C) e4m3, bf16 outputs).
     FLOPs 2*2*N*C*V; bytes the minimum of a fused design: logits, x8, w8 read, dx, dW written. Baseline
@@ -22,7 +22,7 @@ FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GP
 import torch
 import torch.nn.functional as F
 
-from kernels.cross_entropy import (E5M2_TUNING_CANDIDATES, TUNING_CANDIDATES, softcapped_cross_entropy,
+from kernels.cross_entropy import (TUNING_CANDIDATES, softcapped_cross_entropy,
                                    softcapped_cross_entropy_bwd, softcapped_cross_entropy_bwd_e5m2,
                                    softcapped_cross_entropy_fwd)
 
@@ -149,7 +149,7 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
         _, stats = softcapped_cross_entropy_fwd(xn, tn, torch.tensor(MTP_WEIGHTS, device=device), *SOFTCAP)
         g8 = torch.empty(N, V, dtype=torch.float8_e5m2, device=device)
         g8t = torch.empty(V, N, dtype=torch.float8_e5m2, device=device)
-        e5m2_bytes = N * V * x.element_size() + 2 * N * V
+        e5m2_bytes = N * V * x.element_size() + 3 * N * V  # read logits, write g8; transpose: read g8, write g8t
         for weights in (MTP_WEIGHTS, [1.0]):
             w = torch.tensor(weights, device=device)
             shape = f"{N}x{V} K={len(weights)}"
@@ -167,7 +167,7 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
                               flops=0, baselines={"torch": eager},
                               check=(lambda: _check_e5m2(device)) if first else None))
             if tune and N == row_counts[-1] and len(weights) == 3:
-                for cfg in E5M2_TUNING_CANDIDATES:
+                for cfg in TUNING_CANDIDATES:
                     cases.append(dict(op="softcapped_ce_bwd_e5m2[" + ",".join(f"{k}={v}" for k, v in cfg.items())
                                       + "]", shape=shape, dtype="bf16", fn=lambda cfg=cfg, ours=ours: ours(cfg),
                                       bytes=e5m2_bytes, flops=0, baselines={}))

@@ -124,6 +124,20 @@ def fused_adamw_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, 
     return w, m, v
 
 
+def fused_adamw_multi_step_ref(params, grads, exp_avgs, exp_avg_sqs, masters, hparams):
+    """What :func:`fused_adamw_multi_step` does, through :func:`fused_adamw_ref` one tensor at a time, in place:
+    the moments and the fp32 master (or the fp32 param where masters[i] is None) take the new values, and a
+    low-precision param with a master takes the master rounded to its dtype. The CPU path of train_gpt.py."""
+    for p, g, m, v, w, h in zip(params, grads, exp_avgs, exp_avg_sqs, masters, hparams):
+        target = p if w is None else w
+        new_w, new_m, new_v = fused_adamw_ref(target, g, m, v, **h)
+        target.copy_(new_w)
+        m.copy_(new_m)
+        v.copy_(new_v)
+        if w is not None:
+            p.copy_(new_w.to(p.dtype))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Kernels
 

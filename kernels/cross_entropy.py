@@ -59,22 +59,24 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
     the logits once.
   * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - m_t) / S_t, writes dlogits.
     Reads the logits once and writes the gradient once.
-  * ``_ce_bwd_e5m2_kernel`` (2-D grid): program (i, j) takes rows [i*BN, (i+1)*BN) x columns [j*BV, (j+1)*BV),
-    loads those rows' m_t, S_t, g_t and K targets and weights, computes the tile of dL/dx / scale in fp32,
-    rounds it to e5m2 and stores it to g8 and, transposed in registers/shared memory (``tl.trans``), to g8t.
-    Tiles inside the tensor take an unmasked path; those on the last row block or column block a masked one.
+  * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): the tile's dx / scale
+    is rounded to e5m2 (``_e5m2_bits``) and stored as one byte per element, row-major (g8); then
+    kernels.transpose.transpose_copy writes its transpose g8t. (A 2-D tiled kernel writing both layouts at
+    once, tried first, took 10.6 ms per call at N=16384 in a training profile on an H200, about ten times
+    its memory bound; the cause was not investigated.)
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
-written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes
-2 x 2.47 GB: 9.9 GB, 2.3 ms at 4.3 TB/s, against 24.7 ms measured per micro-step on one H200 for the eager path
-it replaces (bf16 backward, divide and cast, transposed copy). Each element also costs three special-function
-operations in each kernel (two exp and the sigmoid's reciprocal), of the same order of time on H100/H200, so
-the kernels may end up bound by those units rather than by memory.
+written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes 2.47 GB,
+then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s, against 24.7 ms measured per
+micro-step on one H200 for the eager path it replaces (bf16 backward, divide and cast, transposed copy).
+Each element also costs three special-function operations in each kernel (two exp and the sigmoid's
+reciprocal), of the same order of time on H100/H200, so the kernels may end up bound by those units rather
+than by memory.
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
 ``torch.compile(fullgraph=True)``); :func:`softcapped_cross_entropy_bwd_e5m2` for the FP8 head's backward
-(train_gpt.py does not call it yet: its FP8 backward still casts and transposes eagerly; ``python -m benchmarks
---only cross_entropy`` measures both). On the CPU the Triton interpreter is slow at real vocabulary sizes
+(train_gpt.py's ``speedrun::fp8_head_ce_bwd``; ``python -m benchmarks --only cross_entropy`` measures it and
+the eager path it replaced). On the CPU the Triton interpreter is slow at real vocabulary sizes
 (forward + backward of 64 rows, V=50304: 12.4 s, against 1.7 s for the reference, on 2 shared cores): there
 the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
@@ -86,16 +88,18 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_kernel_device, overlaps
+from kernels.transpose import transpose_copy
 
 # Most weights (terms per row) supported: the backward holds each term's target and weight in registers.
 MAX_K = 4
 
-# Launch configuration per logits dtype: columns per tile, warps. Not yet measured: a 2048-column tile of
-# bf16 is 4 KB per tile, 8 warps give each thread 8 contiguous bf16 (one 16-byte load); fp32 uses half the
-# columns for the same bytes. `python -m benchmarks --only cross_entropy --tune` times TUNING_CANDIDATES
-# on a GPU; the winners belong here with the GPU named.
+# Launch configuration per logits dtype: columns per tile, warps. bf16 measured on one H200 (2026-11-25,
+# `python -m benchmarks --only cross_entropy --tune`, N=49152, V=50304, K=3, fwd + bwd): 2048 columns with 4
+# warps 9.04 ms, against 9.38 (1024, 4), 9.78 (4096, 8), 10.90 (2048, 8, the earlier default) and 12.11
+# (4096, 16); the e5m2 backward alone varied by 2% across the same candidates (7.48 to 7.96 ms). fp32: an
+# initial choice (half the columns for the same bytes), not tuned.
 DEFAULT_CONFIG = {
-    torch.bfloat16: dict(BLOCK_V=2048, num_warps=8),
+    torch.bfloat16: dict(BLOCK_V=2048, num_warps=4),
     torch.float32: dict(BLOCK_V=1024, num_warps=8),
 }
 # Under TRITON_INTERPRET=1 (CPU) the cost is per tile, so fewer, wider tiles are faster (results differ from
@@ -107,28 +111,6 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=2048, num_warps=8),
     dict(BLOCK_V=4096, num_warps=8),
     dict(BLOCK_V=4096, num_warps=16),
-]
-
-# e5m2 backward, 2-D tiles of BN rows x BV columns: NOT tuned, a first guess to be measured on a GPU. A 64 x 64
-# tile reads 64-column rows (128 bytes of bf16, 256 of fp32) and writes 64-byte rows to both outputs (two
-# 32-byte sectors each, on the transposed side too); 8 warps give each thread 16 elements, about as many
-# registers per element as the row kernels' 8. `python -m benchmarks --only cross_entropy --tune` times
-# E5M2_TUNING_CANDIDATES on a GPU; the winners belong here with the GPU named.
-E5M2_CONFIG = {
-    torch.bfloat16: dict(BN=64, BV=64, num_warps=8),
-    torch.float32: dict(BN=64, BV=64, num_warps=8),
-}
-# Interpreter (CPU): the cost is per program, so fewer, larger tiles.
-E5M2_INTERPRETER_CONFIG = dict(BN=64, BV=256, num_warps=4)
-E5M2_TUNING_CANDIDATES = [
-    dict(BN=32, BV=64, num_warps=4),
-    dict(BN=64, BV=64, num_warps=4),
-    dict(BN=64, BV=64, num_warps=8),
-    dict(BN=32, BV=128, num_warps=8),
-    dict(BN=64, BV=128, num_warps=8),
-    dict(BN=64, BV=128, num_warps=16),
-    dict(BN=128, BV=64, num_warps=8),
-    dict(BN=128, BV=128, num_warps=16),
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
@@ -223,7 +205,7 @@ def _ce_fwd_kernel(
 
 @triton.jit
 def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr):
+                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr, E5M2: tl.constexpr):
     """One tile of dx = (g W p - g sum_k w_k [v == t_k]) * (A/C) s (1 - s), with coef = g W."""
     c = start + cols
     if MASKED:
@@ -242,7 +224,11 @@ def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_ov
     if K > 3:
         hit += tl.where(c == tgt3, w3, 0.0)
     dz = coef * p - g * hit
-    dx = (dz * (A_over_C * s * (1.0 - s))).to(dx_row.dtype.element_ty)
+    dx = dz * (A_over_C * s * (1.0 - s))
+    if E5M2:
+        dx = _e5m2_bits(dx)  # A_over_C holds A / (C * scale): the e5m2 bits of dx / scale
+    else:
+        dx = dx.to(dx_row.dtype.element_ty)
     if MASKED:
         tl.store(dx_row + c, dx, mask=msk)
     else:
@@ -257,11 +243,11 @@ def _ce_bwd_kernel(
     x_ptr, stride_xn, stats_ptr,
     # targets (N,) int64, weights (K,) fp32
     targets_ptr, weights_ptr,
-    # output: dlogits (N, V) contiguous, logits' dtype
+    # output: dlogits (N, V) contiguous, logits' dtype; or with E5M2 its e5m2 bit patterns (a uint8 view)
     dx_ptr,
-    # sizes and softcap constants
+    # sizes and softcap constants; A_over_C is A / (C * scale) with E5M2
     N, V, A, B, C, A_over_C,
-    K: tl.constexpr, BLOCK_V: tl.constexpr,
+    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
@@ -287,10 +273,10 @@ def _ce_bwd_kernel(
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):
         _ce_bwd_tile(x_row, dx_row, off, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, False)
+                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, False, E5M2)
     if v_full < V:
         _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True)
+                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True, E5M2)
 
 
 @triton.jit
@@ -322,90 +308,6 @@ def _e5m2_bits(v):
                                                            # the sign), one quiet NaN whatever the payload
     r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return (r.to(tl.float16).to(tl.uint16, bitcast=True) >> 8).to(tl.uint8)
-
-
-@triton.jit
-def _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
-                      row0, col0, N, V, A, B, C, A_over_Cs,
-                      K: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr, MASKED: tl.constexpr):
-    """Rows [row0, row0 + BN) x columns [col0, col0 + BV): e5m2 of dx / scale into g8 and, transposed, g8t."""
-    rows = row0 + tl.arange(0, BN)                         # int64 (row0 is): offsets in g8t pass 2^31
-    cols = col0 + tl.arange(0, BV)
-    if MASKED:
-        rmask = rows < N
-        cmask = cols < V
-        m = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
-        ssum = tl.load(stats_ptr + N + rows, mask=rmask, other=1.0)
-        g = tl.load(g_ptr + rows * stride_g, mask=rmask, other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :], mask=rmask[:, None] & cmask[None, :],
-                    other=0.0)
-    else:
-        m = tl.load(stats_ptr + rows)
-        ssum = tl.load(stats_ptr + N + rows)
-        g = tl.load(g_ptr + rows * stride_g)
-        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :])
-    # Each row's terms, as (BN,) vectors (rows past N have no terms: weight 0, not bad).
-    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, rows, N, V, 0)
-    tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
-    if K > 1:
-        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, rows, N, V, 1)
-        bad = bad | bad1
-    if K > 2:
-        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, rows, N, V, 2)
-        bad = bad | bad2
-    if K > 3:
-        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, rows, N, V, 3)
-        bad = bad | bad3
-    g = tl.where(bad, float("nan"), g.to(tl.float32))    # poison the whole row, as the row kernels do
-    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
-    inv_s = tl.div_rn(1.0, ssum)
-    # int32 targets for the per-element compares: a target that does not fit is out of range, its row NaN.
-    tgt0, tgt1, tgt2, tgt3 = tgt0.to(tl.int32), tgt1.to(tl.int32), tgt2.to(tl.int32), tgt3.to(tl.int32)
-
-    z, s = _softcap(x, A, B, C)
-    p = tl.exp(z - m[:, None]) * inv_s[:, None]
-    c = cols[None, :]
-    hit = tl.where(c == tgt0[:, None], w0[:, None], 0.0)
-    if K > 1:
-        hit += tl.where(c == tgt1[:, None], w1[:, None], 0.0)
-    if K > 2:
-        hit += tl.where(c == tgt2[:, None], w2[:, None], 0.0)
-    if K > 3:
-        hit += tl.where(c == tgt3[:, None], w3[:, None], 0.0)
-    dz = coef[:, None] * p - g[:, None] * hit
-    bits = _e5m2_bits(dz * (A_over_Cs * s * (1.0 - s)))   # (BN, BV): dx / scale, rounded
-    out_offs = rows[:, None] * V + cols[None, :]
-    out_t_offs = cols[:, None].to(tl.int64) * N + rows[None, :]
-    if MASKED:
-        tl.store(out_ptr + out_offs, bits, mask=rmask[:, None] & cmask[None, :])
-        tl.store(out_t_ptr + out_t_offs, tl.trans(bits), mask=cmask[:, None] & rmask[None, :])
-    else:
-        tl.store(out_ptr + out_offs, bits)
-        tl.store(out_t_ptr + out_t_offs, tl.trans(bits))
-
-
-@triton.jit
-def _ce_bwd_e5m2_kernel(
-    # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
-    g_ptr, stride_g,
-    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
-    x_ptr, stride_xn, stats_ptr,
-    # targets (N,) int64, weights (K,) fp32
-    targets_ptr, weights_ptr,
-    # outputs: e5m2 bit patterns (uint8 views), g8 (N, V) and g8t (V, N), both contiguous
-    out_ptr, out_t_ptr,
-    # sizes, softcap constants, A / (C * scale)
-    N, V, A, B, C, A_over_Cs,
-    K: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
-):
-    row0 = tl.program_id(0).to(tl.int64) * BN
-    col0 = tl.program_id(1) * BV
-    if (row0 + BN <= N) & (col0 + BV <= V):                # inside the tensor: no masks
-        _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                          out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BN, BV, False)
-    else:                                                  # last row block and/or last column block
-        _ce_bwd_e5m2_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                          out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BN, BV, True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -528,17 +430,17 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
     _ce_bwd_kernel[(N,)](
         grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out,
         N, V, float(A), float(B), float(C), float(A) / C,
-        K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
+        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=False, num_warps=cfg["num_warps"])
     return out
 
 
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
-                                     config=None):
+                                     config=None, transpose_config=None):
     """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding RNE_e5m2(dlogits / scale)
     (the same bytes, g8t = g8.T), with dlogits the fp32 gradient of :func:`softcapped_cross_entropy_bwd` (module
     docstring). ``scale``: the positive finite FP8 gradient scale (Python float). ``out``/``out_t``: optional
-    preallocated outputs; ``config``: a dict(BN=..., BV=..., num_warps=...) overriding the per-dtype default
-    (powers of two)."""
+    preallocated outputs; ``config``: the row kernel's dict(BLOCK_V=..., num_warps=...) overriding the
+    per-dtype default; ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
     _check_grad(grad, N, dev)
@@ -565,16 +467,12 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         raise ValueError("softcapped_cross_entropy: out and out_t must not overlap in memory")
     if N == 0:
         return out, out_t
-    if config is not None:
-        cfg = config
-    else:
-        cfg = E5M2_INTERPRETER_CONFIG if dev.type == "cpu" else E5M2_CONFIG[logits.dtype]
-    grid = (triton.cdiv(N, cfg["BN"]), triton.cdiv(V, cfg["BV"]))
-    _ce_bwd_e5m2_kernel[grid](
-        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights,
-        out.view(torch.uint8), out_t.view(torch.uint8),
+    cfg = _config(logits, config)
+    _ce_bwd_kernel[(N,)](
+        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8),
         N, V, float(A), float(B), float(C), A_over_Cs,
-        K=K, BN=cfg["BN"], BV=cfg["BV"], num_warps=cfg["num_warps"])
+        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=True, num_warps=cfg["num_warps"])
+    transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 
 

@@ -542,3 +542,32 @@ def test_command_line_errors_are_one_line(smoke_run, tmp_path, argv, msg):
                          env=env, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert msg in res.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a pass over 10,042 examples with the default model "
+                                                          "is GPU work")
+def test_full_pass_on_a_default_model_checkpoint_gpu(tmp_path, number_tokenizer, capsys):
+    """--hellaswag on a checkpoint of the default model's shape (random weights) and a generated file of
+    HellaSwag's size and token counts (10,042 examples, contexts of 20 to 60 tokens, endings of 5 to 25):
+    the whole pass runs on one GPU, compiles a bounded number of graphs (the packs share one padded length;
+    flex_attention compiles it for the plain and the paired-head shape: 2, and at most 4) and logs that count;
+    random weights score like random choices (25% +- 7 standard deviations of 10,042 draws)."""
+    rng = np.random.default_rng(7)
+    path = tmp_path / "hellaswag_val.jsonl"
+    with open(path, "w") as f:
+        for i in range(10_042):
+            words = lambda n: " ".join(map(str, rng.integers(0, 50_000, size=n)))
+            f.write(json.dumps({"ind": i, "ctx": words(int(rng.integers(20, 61))), "label": int(rng.integers(4)),
+                                "endings": [words(int(rng.integers(5, 26))) for _ in range(4)]}) + "\n")
+    hp = tg.Hyperparameters()
+    ckpt = tmp_path / "ckpt" / "step_000000"
+    ckpt.mkdir(parents=True)
+    params = tg.init_params(hp, torch.device("cpu"), 0)
+    torch.save({"params": {k: v.detach() for k, v in params.items()}, "hyperparameters": tg.dataclasses.asdict(hp),
+                "world_size": 1}, ckpt / "rank0.pt")
+    res = tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(path)])
+    out = capsys.readouterr().out
+    assert res["examples"] == 10_042 and f"({res['examples']} examples)" in out
+    assert re.search(r"^hellaswag_eval: \d+ packs of 4096 tokens on rank 0, [\d.]+ s, \d+ graphs compiled$", out, re.M)
+    assert res["compiled_graphs"] <= 4, res
+    assert 0.25 - 0.03 < res["acc"] < 0.25 + 0.03 and 0.25 - 0.03 < res["acc_norm"] < 0.25 + 0.03, res
