@@ -1,7 +1,7 @@
 """GPT-2 (124M class) speedrun trainer: one flat file, no nn.Module tree.
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
-      python train_gpt.py --smoke                                   (tiny CPU run, kernels in Triton's interpreter)
+      python train_gpt.py --smoke                                   (tiny CPU run, about a minute on 2 cores)
       python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001510    (data: python data/hellaswag.py)
       python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
@@ -9,7 +9,7 @@ Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `-
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
-Model (straight-line forward over parameter banks, see `trunk`): vocab 50304 (50257 padded), width 768,
+Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
 zero-initialised output projections, value embeddings mixed into the attention values of the first and last
 three layers, the normed embedding x0 mixed into every sublayer, one U-net skip (layer 3 -> layer 6), a second
@@ -34,11 +34,12 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
-  * fp8_head: the training head's matmuls in FP8 (`fp8_head_mm`: e4m3 x and W, e5m2 gradient, fixed scales)
-    where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
-    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head. Measured cost: the op runs
-    eagerly, and its backward's transposed e5m2 copy of the (N, V) gradient took 13% of a stage-2 step on one
-    H200 (records/2026-11-23_ModelParity1xH200Short), longer than the FP8 matmul kernels; not yet fixed.
+  * fp8_head: the training head's matmuls in FP8 and its loss in one op (`fp8_head_ce`: e4m3 x and W, fixed
+    scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its transpose for dW) where
+    CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:`
+    line says which ran). Evaluation always uses the bf16 head. Measured on one H200 (2026-11-25,
+    benchmarks/cross_entropy.py): the head's whole backward 4.37 ms at N=16384 against 10.67 ms for the
+    eager cast and transposed copy it replaced.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
@@ -58,19 +59,27 @@ Parameters: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv, Wo] per attenti
 fp32 (scalars = per-sublayer residual coefficients, skip, attention lambdas, smear and backout lambdas). The
 feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero gradient).
 
-Compilation: the forward is a Python loop over layers calling a handful of functions compiled once each
-(`torch.compile(fullgraph=True, dynamic=False)`): one attention sublayer (variants: value embedding, paired
-heads, key offset), one MLP sublayer, two residual updates, the embedding prelude (smear, bigram), the head +
-loss (kernels.cross_entropy.softcapped_cross_entropy on CUDA, its PyTorch reference on the CPU; the multi-token
-weights are a device tensor argument, so their schedule never recompiles) and the evaluation head. Weights
-are tensor arguments (unbound slices of the banks), so all layers share the compiled code. Attention is
-flex_attention with a document-causal sliding-window BlockMask built on the device from the BOS positions (no
-host sync); paired-head layers get a second BlockMask for the interleaved 2T sequence.
+Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
+tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
+backward. Everything else, the prelude, all layers and the head with its loss, is one region,
+`torch.compile(fullgraph=True, dynamic=False)`: `train_step`, and `val_step` for validation, one graph each per
+micro-batch length (the stage table's three, plus validation's), so a micro-step costs the host a handful of
+calls and inductor fuses the residual updates, norms and gates across sublayers. What changes between steps
+or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
+the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
+dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
+kernels over the documents, a sliding window, no templates to compile), the FP8 head + loss, and the bf16
+head's CE kernel. The log has a `compile_phase:` line per warmup phase, `compile_warmup_s`, `compile_cache:`
+(cold, warm, or loaded from --compile-cache PATH, which keeps the compiled artefacts with a version stamp)
+and `compile_report:` lines (per compiled frame: dynamo, AOT autograd, inductor and Triton seconds).
+Evaluation and sampling run the same functions eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
-backward as soon as its gradient is complete, the others in the optimizer step), then per shard: Muon for the
+backward as soon as its gradient is complete: the compiled region's parameters together when its backward
+ends, the embedding tables after their own backward kernels; the others in the optimizer step), then per
+shard: Muon for the
 two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
 kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
 bf16 cast) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_multi_step, all Adam groups in one call)
@@ -83,9 +92,10 @@ Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tok
 slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
 (1, 2, 4, 8) computes the same step up to fp32 summation order.
 
-CPU: without CUDA, TRITON_INTERPRET=1 is set before the kernels are imported (Triton runs them in its
-interpreter), compilation is off, and attention uses scaled_dot_product_attention with a dense mask because
-flex_attention has no CPU backward.
+CPU: without CUDA, TRITON_INTERPRET=1 is set before the kernels are imported, compilation is off, attention is
+scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch references of our kernels
+(StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
+smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
 import argparse
 import ast
@@ -1798,6 +1808,8 @@ def compile_report(metrics, phases):
     "partly warm (h of n graphs from the cache)"."""
     lines, hits, lookups = [], 0, 0
     backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
+    # frames only: torch also records entries without a code object (runtime events), which carry no times
+    metrics = [m for m in metrics if getattr(m, "co_name", None) is not None or m in backward.values()]
     for m in metrics:
         if getattr(m, "is_forward", True) is False:
             continue
@@ -1811,9 +1823,11 @@ def compile_report(metrics, phases):
         n = h + sum(getattr(x, "inductor_fx_local_cache_miss_count", 0) or 0 for x in (m, b) if x)
         hits, lookups = hits + h, lookups + n
         lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
-                     f"forward {total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
-                     f"{ind:.1f} of which triton {tri:.1f}), backward {b_total:.1f} s (triton {b_tri:.1f}); "
-                     f"fx_graph_cache {h}/{n} hits")
+                     f"{total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
+                     f"{ind:.1f} of which triton {tri:.1f}), lazily compiled backward {b_total:.1f} s (triton "
+                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits")
+    # A frame's inductor time holds both of its graphs where AOT autograd compiles the backward together with
+    # the forward (torch 2.11 on our GPUs: the backward's own entry then reads 0).
     frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)
     compile_s = sum((getattr(m, "entire_frame_compile_time_s", None) or 0.0) for m in metrics) + sum(
         _us(m, "backward_cumulative_compile_time_us") for m in backward.values())

@@ -426,12 +426,17 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
             raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
     if N == 0:
         return out
-    cfg = _config(logits, config)
+    _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, float(A) / C, K, _config(logits, config), False)
+    return out
+
+
+def _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, A_over_C, K, cfg, e5m2):
+    """The backward kernel, one program per row: dlogits in out's dtype, or (e5m2) e5m2 bytes into a uint8 view."""
+    N, V = logits.shape
     _ce_bwd_kernel[(N,)](
         grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out,
-        N, V, float(A), float(B), float(C), float(A) / C,
-        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=False, num_warps=cfg["num_warps"])
-    return out
+        N, V, float(A), float(B), float(C), A_over_C,
+        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, num_warps=cfg["num_warps"])
 
 
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
@@ -467,11 +472,8 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         raise ValueError("softcapped_cross_entropy: out and out_t must not overlap in memory")
     if N == 0:
         return out, out_t
-    cfg = _config(logits, config)
-    _ce_bwd_kernel[(N,)](
-        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8),
-        N, V, float(A), float(B), float(C), A_over_Cs,
-        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=True, num_warps=cfg["num_warps"])
+    _launch_bwd(grad, logits, stats, targets, weights, out.view(torch.uint8), A, B, C, A_over_Cs, K,
+                _config(logits, config), True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 

@@ -1078,3 +1078,123 @@ def test_logged_sources_are_the_imported_project_modules(smoke_run):
             "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py"} \
         <= set(logged)
     assert "def bench_cases" not in text
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compile report and --compile-cache
+
+
+def _stamp(**over):
+    return {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "python": "3.12.3", "gpu": "NVIDIA H200",
+            "code": "0123456789abcdef", **over}
+
+
+@pytest.fixture
+def compiler_caches(tmp_path, monkeypatch):
+    """Inductor's and Triton's cache folders, each holding one artefact, as the environment names them."""
+    ind, tri = tmp_path / "inductor_default", tmp_path / "triton_default"
+    for d, name in ((ind, "graph.py"), (tri, "kernel.cubin")):
+        d.mkdir()
+        (d / name).write_bytes(b"x" * 1000)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(ind))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tri))
+    return ind, tri
+
+
+def test_compile_cache_saves_then_loads(tmp_path, compiler_caches, monkeypatch):
+    """An empty PATH compiles (and says so); save() copies both caches and writes the stamp; a later process with
+    the same stamp loads: inductor and Triton are pointed at PATH before anything compiles."""
+    path = tmp_path / "cc"
+    first = tg.CompileCache(path, _stamp()).open()
+    assert not first.loaded and first.describe("cold") == f"cold (--compile-cache {path}: empty: compiling)"
+    line = first.save()
+    assert line.startswith(f"compile_cache_saved: {path} ") and line.endswith(" s")
+    assert (path / "inductor" / "graph.py").is_file() and (path / "triton" / "kernel.cubin").is_file()
+    assert json.loads((path / "stamp.json").read_text()) == _stamp()
+    second = tg.CompileCache(path, _stamp()).open()
+    assert second.loaded and second.describe("warm") == f"loaded {path} (warm)"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+    assert tg.inductor_cache_dir() == path / "inductor" and tg.triton_cache_dir() == path / "triton"
+
+
+@pytest.mark.parametrize("field", ["torch", "triton", "gpu", "code"])
+def test_compile_cache_with_another_version_is_emptied_with_one_reason(tmp_path, compiler_caches, field):
+    path = tmp_path / "cc"
+    tg.CompileCache(path, _stamp()).open().save()
+    cache = tg.CompileCache(path, _stamp(**{field: "other"})).open()
+    assert not cache.loaded
+    text = cache.describe("cold")
+    assert "\n" not in text and f"made with {field} {_stamp()[field]}" in text and f"{field} other" in text
+    assert "emptied, compiling" in text
+    assert not (path / "inductor").exists() and not (path / "triton").exists() and not (path / "stamp.json").exists()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != str(path / "inductor")  # the run compiles where it would anyway
+
+
+def test_compile_cache_without_a_stamp_is_not_trusted(tmp_path, compiler_caches):
+    path = tmp_path / "cc"
+    (path / "inductor").mkdir(parents=True)
+    cache = tg.CompileCache(path, _stamp()).open()
+    assert not cache.loaded and "no stamp.json" in cache.describe("cold")
+
+
+def test_compile_cache_path_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "not_a_dir"
+    target.write_text("")
+    with pytest.raises(FileNotFoundError, match="--compile-cache .*not_a_dir: exists and is not a directory"):
+        tg.CompileCache(target, _stamp()).open()  # main() prints it as one line, exit code 2
+
+
+def test_compile_cache_without_compilation_is_reported_unused(smoke_data, tmp_path):
+    log_path, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "cc", "--steps", "2", "--extension-steps", "0",
+                                      "--compile-cache", str(tmp_path / "cc"), "--no-compile"))
+    text = Path(log_path).read_text()
+    assert f"compile_cache: --compile-cache {tmp_path / 'cc'} not used (nothing is compiled)" in text
+    assert not (tmp_path / "cc").exists()
+
+
+def test_compile_report_states_and_lines():
+    """The cache state from the FX-graph cache counts (cold / warm / partly warm), one line per frame with its
+    phases, and a total; entries without a code object (runtime events) are left out."""
+    M = __import__("types").SimpleNamespace
+
+    def frame(cid, hit, miss):
+        return M(compile_id=cid, co_name="train_step", is_forward=True, entire_frame_compile_time_s=50.0,
+                 aot_autograd_cumulative_compile_time_us=40e6, inductor_cumulative_compile_time_us=30e6,
+                 triton_compile_time_us=5e6, graph_op_count=1109, inductor_fx_local_cache_hit_count=hit,
+                 inductor_fx_local_cache_miss_count=miss)
+
+    runtime = M(compile_id="0/0", co_name=None, is_forward=True, entire_frame_compile_time_s=None)
+    phases = [("stage0", 60.0), ("validation", 10.0)]
+    lines, state = tg.compile_report([frame("0/0", 0, 2), runtime], phases)
+    assert state == "cold" and len(lines) == 2
+    assert lines[0] == ("compile_report: frame train_step [0/0] ops 1109: 50.0 s (dynamo 10.0, aot_autograd 10.0, "
+                        "inductor 30.0 of which triton 5.0), lazily compiled backward 0.0 s (triton 0.0); "
+                        "fx_graph_cache 0/2 hits")
+    assert lines[1].startswith("compile_report: 1 frames compiled, ") and "compile 50.0 s of the warmup's 70.0 s" in lines[1]
+    assert tg.compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
+    assert tg.compile_report([frame("0/0", 2, 0), frame("0/1", 0, 2)], phases)[1] == \
+        "partly warm (2 of 4 graphs from the cache)"
+
+
+def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
+    """The trainer pads every step's multi-token weights to the stage table's longest list with zeros (one input
+    shape for the compiled region in every stage): loss and gradient equal the unpadded ones."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32")
+    params = _perturbed_params(hp, seed=4, device=device)
+    fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
+    ids, targets = _batch(hp, 256, seed=6, n_docs=3)
+    mb = tg.MicroBatch(ids.to(device), targets.to(device), tg.prepare_ids(ids, hp.vocab_size).to(device))
+    out = []
+    for w in ([1.0, 0.5], [1.0, 0.5, 0.0]):
+        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor(w, device=device))
+        out.append((loss.detach(), torch.autograd.grad(loss, params["lm_head"])[0]))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
+                    tg.shard_files(hp.val_files))
+    for s in range(hp.total_steps):
+        w = tg.mtp_weights_at(hp, s)
+        assert tr.mtp[s].tolist() == pytest.approx(list(w) + [0.0] * (3 - len(w)), abs=1e-7), s
+    assert len(tg.mtp_weights_at(hp, hp.total_steps - 1)) == 1  # the last stage really is shorter
