@@ -802,10 +802,10 @@ def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
 def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
                     weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
                     A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient once, as e5m2 copies of
-    dlogits / grad_s in both layouts the two FP8 matmuls need (g8 (N, V) and g8t (V, N)); dx = g @ w^T and
-    dw = x^T @ g (C, V) come out in the logits' dtype, fp32 accumulation (no fast accumulation in the backward,
-    as in the record)."""
+    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient as e5m2 (dlogits / grad_s,
+    g8 (N, V)) and kernels.transpose its transpose (g8t (V, N)): the two layouts the FP8 matmuls need, with no
+    bf16 gradient in between. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
+    accumulation (no fast accumulation in the backward, as in the record)."""
     g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
     dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
