@@ -158,8 +158,7 @@ class Hyperparameters:
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # glob of training shards
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # glob of validation shards (the first is used)
     val_tokens: int = 10_485_760  # validation tokens (fewer if the val shard is smaller; rounded to micro-batches)
-    val_micro_tokens: int = 32_768  # tokens per validation micro-batch (a training shape: no extra compile)
-    max_doc_len: int = 2048  # documents are cut to this many tokens inside a training micro-batch
+    val_micro_tokens: int = 262_144  # tokens per validation micro-batch, one contiguous chunk (the record's)
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
     vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := max id
     # model
@@ -170,13 +169,13 @@ class Hyperparameters:
     head_dim: int = 128  # dimensions per attention head
     mlp_dim: int = 3072  # MLP hidden width
     no_attn_layers: tuple = (6,)  # layers without attention (public record: dropping layer 6's is free)
-    ve_tables: tuple = (0, 1, 2, -1, -1, -1, -1, -1, 0, 1, 2)  # value-embedding table per layer, -1 = none
+    ve_tables: tuple = (-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4)  # value-embedding table per layer, -1 = none
     long_window_layers: tuple = (3, 10)  # layers using the long window; the others use the short one
     skip_from: int = 3  # U-net skip source: lane 0 after this layer's attention is saved ...
     skip_to: int = 6  # ... and added (gated) before this layer (U-net skip target)
     parallel_start: int = 7  # first layer with two residual lanes (attention reads lane 0, MLP lane 1)
-    gate_dims: int = 12  # attention / value-embedding gates read this many leading dims of the normed input
-    attn_scale: float = 0.12  # softmax scale (QK-normed heads need a larger-than-1/sqrt(d) temperature)
+    gate_dims: int = 12  # attention / value-embedding / smear / skip gates read this many leading dims
+    attn_scale: float = 0.1  # softmax scale (QK-normed heads need a larger-than-1/sqrt(d) temperature)
     softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
     # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
     bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
@@ -192,11 +191,12 @@ class Hyperparameters:
     fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
     # schedule
-    scheduled_steps: int = 1470  # steps of the staged lr / batch / window schedule
+    scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
-    cooldown_frac: float = 0.55  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
+    cooldown_frac: float = 0.6  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
     cooldown_floor: float = 0.15  # lr multiplier at the end of the cooldown
-    untie_frac: float = 2 / 3  # embedding and LM head are tied until this fraction of the scheduled steps
+    untie_stage: int = 2  # embedding and LM head are untied after the first slow Adam step of this stage
+    final_long_window: int = 20  # long window (blocks) of the final validation; rotary/YaRN stay the last stage's
     # Muon (NorMuon) for attn_bank / mlp_bank
     muon_lr: float = 0.023  # Muon learning rate (before the schedule's lr factor)
     muon_momentum_min: float = 0.85  # momentum at the start and the end (warmup to max, cooldown back to min)
@@ -211,7 +211,7 @@ class Hyperparameters:
     adam_eps: float = 1e-10  # AdamW epsilon added to sqrt(v)
     adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
     # optimizer / profiling
-    adam_every: int = 2  # embeddings/head (ADAM_SLOW) step every N steps on the N summed grads (1: every step)
+    adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
@@ -250,10 +250,11 @@ def smoke_hyperparameters(**overrides):
     """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
     fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
-        val_tokens=8 * 256 * 2, val_micro_tokens=256, max_doc_len=192, bos_id=511, vocab_size=512,
+        val_tokens=8 * 256 * 2, val_micro_tokens=256, bos_id=511, vocab_size=512,
         num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
         ve_tables=(0, -1, -1, 0), long_window_layers=(1, 3), skip_from=1, skip_to=2, parallel_start=2,
-        scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2,
+        scheduled_steps=8, extension_steps=2, muon_warmup_steps=4, muon_cooldown_steps=2, untie_stage=1,
+        final_long_window=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
         bigram_vocab_size=256, paired_head_layers=(0, 2), backout_layer=2,
         adam_every=1)  # 10 steps are too few to learn the rule with half as many embedding updates
@@ -270,6 +271,7 @@ class Stage:
     batch_tokens: int  # global tokens per step (SLOTS micro-batches of batch_tokens // SLOTS)
     windows: tuple  # (short, long) attention windows, in BLOCK-token blocks
     lr_mul: float  # learning-rate multiplier before the cooldown (grows with the batch: ~ (B/B0)^0.5..0.6)
+    max_doc_len: int  # a document is cut to this many tokens in a training micro-batch (the rest is dropped)
     mtp_start: tuple = (1.0,)  # multi-token prediction weights w_0.. at the stage's first step ...
     mtp_end: tuple = (1.0,)  # ... and at its end (linear in between, as in the public record)
 
@@ -278,17 +280,18 @@ TUPLE_STAGE_FIELDS = ("windows", "mtp_start", "mtp_end")
 
 
 # The public record's three batch-size stages plus a short extension at the final learning rate; its
-# multi-token prediction weights [1, .5, .25 -> 0] -> [1, .5 -> 0] -> [1].
+# multi-token prediction weights [1, .5, .25 -> 0] -> [1, .5 -> 0] -> [1]; documents cut to 896 tokens in the
+# first stage (short windows: more, shorter documents per batch), 2048 after.
 STAGES = (
-    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
-    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52, (1.0, 0.5), (1.0, 0.0)),
-    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73),
-    Stage(None, 24 * 2048 * 8, (6, 13), 1.0),
+    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0, 896, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
+    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52, 2048, (1.0, 0.5), (1.0, 0.0)),
+    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73, 2048),
+    Stage(None, 24 * 2048 * 8, (6, 13), 1.0, 2048),
 )
 SMOKE_STAGES = (
-    Stage(1 / 2, 8 * 128, (1, 1), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
-    Stage(1.0, 8 * 256, (1, 2), 1.2, (1.0, 0.5), (1.0, 0.0)),
-    Stage(None, 8 * 256, (2, 2), 1.0),
+    Stage(1 / 2, 8 * 128, (1, 1), 1.0, 96, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
+    Stage(1.0, 8 * 256, (1, 2), 1.2, 192, (1.0, 0.5), (1.0, 0.0)),
+    Stage(None, 8 * 256, (2, 2), 1.0, 192),
 )
 
 
@@ -337,11 +340,23 @@ def slow_adam_step(hp, step):
 
 
 def untie_step(hp):
-    return round(hp.untie_frac * hp.scheduled_steps)
+    """The step before which the embedding and the LM head are untied: the one after the first slow Adam step of
+    stage untie_stage (the record unties right after that step's update: its odd step 967 of 1450)."""
+    start = stage_bounds(hp)[hp.untie_stage][0]
+    return next(s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)) + 1
 
 
 def windows_at(hp, step):
     return stage_at(hp, step)[1].windows
+
+
+def val_windows(hp, step):
+    """(windows, yarn_long) of the validation at ``step``: the step's windows; after the last step the long
+    window widened to final_long_window with the last stage's YaRN tables (the record's final extension)."""
+    short, long = windows_at(hp, min(step, hp.total_steps - 1))
+    if step < hp.total_steps:
+        return (short, long), None
+    return (short, hp.final_long_window), long
 
 
 def mtp_weights_at(hp, step):
@@ -358,6 +373,10 @@ def mtp_weights_at(hp, step):
 
 def micro_tokens_at(hp, step):
     return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
+
+
+def max_doc_len_at(hp, step):
+    return stage_at(hp, min(step, hp.total_steps - 1))[1].max_doc_len
 
 
 # -----------------------------------------------------------------------------
@@ -436,67 +455,93 @@ def padded_rows(rows, world):
     return -(-rows // world) * world
 
 
+@dataclass(frozen=True)
+class Param:
+    """One row of the parameter table: everything the optimizer and the model need to know about a parameter."""
+    optim: str  # "muon" (NorMuon on its matrices) or "adam"
+    lr_mul: float = 1.0  # Adam: multiplier of adam_lr (Muon: the shape and mlp_proj_lr_mul set it)
+    betas: tuple = (0.9, 0.95)  # Adam (beta1, beta2)
+    wd_mul: float = 0.0  # Adam: cautious decay adam_wd * wd_mul * lr^2 per update (Muon: muon_wd)
+    slow: bool = True  # Adam: reduced and updated every adam_every steps, on the summed gradients
+    matrix: bool = False  # stored in hp.param_dtype (bf16) with an fp32 master in the optimizer; else fp32
+    region: bool = True  # read inside the compiled region (False: by the eager embedding lookups before it)
+
+
+# Every parameter, in reduce order: small Adam tensors first, then the big ones whose update waits longest
+# (embed after lm_head: while tied its gradient is folded into the head's), the Muon banks last. The values
+# are record #74's param_table; every Adam parameter steps on the odd steps only (adam_every=2), as there.
+PARAMS = {
+    "scalars": Param("adam", 5.0, (0.9, 0.99)),  # attention lambdas, smear, backout and skip lambdas
+    "resid_lambdas": Param("adam", 5.0, (0.9, 0.95)),  # (L, 2) residual scale per sublayer
+    "post_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L, 2, 2) sublayer output weight per lane
+    "x0_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L,) weight of x0 added after each attention
+    "bigram_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L,) weight of the bigram embedding per layer
+    "smear_gate": Param("adam", 0.01, (0.9, 0.99)),  # (1, G)
+    "skip_gate": Param("adam", 0.05, (0.9, 0.99)),  # (1, G) input gate of the U-net skip
+    "attn_gate": Param("adam", 1.0, (0.9, 0.99), wd_mul=1.0),  # (n_attn, H, G)
+    "ve_gate": Param("adam", 1.0, (0.9, 0.99), wd_mul=1.0),  # (layers with a value embedding, H, G)
+    "lm_head": Param("adam", 1.0, (0.5, 0.95), 150.0, matrix=True),  # (C, V), tied to embed at first
+    "value_embeds": Param("adam", 75.0, (0.75, 0.95), 5.0, matrix=True, region=False),  # (n_ve * V, C)
+    "bigram_embed": Param("adam", 75.0, (0.75, 0.95), 5.0, matrix=True, region=False),  # (bigram rows, C)
+    "embed": Param("adam", 1.0, (0.5, 0.95), 150.0, matrix=True, region=False),  # (V, C)
+    "attn_bank": Param("muon", matrix=True),  # (n_attn * 4, C, C): [Wq, Wk, Wv, Wo] per attention layer
+    "mlp_bank": Param("muon", matrix=True),  # (L * 2, mlp_dim, C): [W_fc, W_proj^T] per layer
+}
+
+
 def init_params(hp, device, seed):
-    """All parameters as a flat dict of leaf tensors (bf16 matrices, fp32 gates and scalars)."""
+    """All parameters (PARAMS) as a flat dict of leaf tensors: matrices in hp.param_dtype, the rest fp32."""
     g = torch.Generator().manual_seed(seed)
-    C, V, L = hp.model_dim, hp.vocab_size, hp.num_layers
+    C, V, L, G = hp.model_dim, hp.vocab_size, hp.num_layers, hp.gate_dims
     n_attn, H = len(hp.attn_layers), hp.num_heads
     assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
     if hp.paired_heads and H % 2:
         raise ValueError(f"paired heads need an even num_heads, got {H} (or use --no-paired-heads)")
     if hp.backout and not 0 <= hp.backout_layer < L:
         raise ValueError(f"backout_layer {hp.backout_layer} is not a layer index (num_layers {L})")
-    bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C)
+    bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C), every attention matrix (W_o too)
 
     def uniform(*shape):
         return (torch.rand(*shape, generator=g) * 2 - 1) * bound
 
-    attn = uniform(n_attn, 4, C, C)
-    attn[:, 3] = 0  # zero-initialised output projection
     mlp = torch.zeros(L, 2, hp.mlp_dim, C)
     mlp[:, 0] = uniform(L, hp.mlp_dim, C)  # W_fc; W_proj^T stays zero
     head = torch.randn(C, V, generator=g) * 0.005
-    n_sub = 2 * L
-    lane_w1 = torch.ones(n_sub)
-    lane_w1[2 * hp.parallel_start::2] = 1.5  # attention writes more strongly into the MLP lane (public init)
-    scalars = torch.cat([
-        torch.ones(n_sub),  # resid_lambdas: residual scale per sublayer
-        torch.zeros(n_sub),  # x0_lambdas: weight of the normed embedding added to each sublayer output
-        torch.ones(n_sub),  # lane_w0: sublayer output weight into lane 0
-        lane_w1,  # lane_w1: sublayer output weight into lane 1 (parallel layers)
-        torch.tensor([-1.5]),  # skip_lambda: U-net skip gate = 2 * sigmoid(skip_lambda) (~0.36 at init)
-        torch.tensor([0.5, 1.0]).repeat(n_attn),  # attn_lambdas: (W_qkv, W_o) multipliers per attention layer
-        torch.tensor([0.0, 0.5]),  # smear_lambda, backout_lambda
-    ])
+    post = torch.ones(L, 2, 2)  # [layer, attention / MLP, lane 0 / lane 1]
+    post[hp.parallel_start:, 0, 1] = 1.5  # attention writes more strongly into the MLP lane (public init)
     p = {
-        "embed": head.T.contiguous(),  # tied to lm_head at init
+        "scalars": torch.cat([
+            torch.tensor([0.5, 1.0]).repeat(n_attn),  # attention lambdas: (W_qkv, W_o) multipliers per layer
+            torch.tensor([0.0, 0.5, -1.5]),  # smear_lambda, backout_lambda, skip_lambda (sigmoid(-1.5) ~ 0.18)
+        ]),
+        "resid_lambdas": torch.full((L, 2), 1.1 ** 0.5),  # the residual grows by 1.1 per layer at init
+        "post_lambdas": post,
+        "x0_lambdas": torch.zeros(L),
+        "bigram_lambdas": torch.full((L,), 0.05),
+        "smear_gate": torch.zeros(1, G),  # smear gate = smear_lambda * sigmoid(e[t, :G] . w)
+        "skip_gate": torch.zeros(1, G),  # skip gate = sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . w)
+        "attn_gate": torch.zeros(n_attn, H, G),
+        "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, G),
         "lm_head": head,
         "value_embeds": torch.randn(hp.num_ve * V, C, generator=g) * 0.01,
-        "attn_bank": attn.reshape(n_attn * 4, C, C),
-        "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),
-        "attn_gate": torch.zeros(n_attn, H, hp.gate_dims),
-        "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, hp.gate_dims),
-        "scalars": scalars,
-        # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused),
-        # so the optimizer's table and a checkpoint's keys do not depend on the flags.
         "bigram_embed": torch.zeros(hp.bigram_vocab_size, C),  # zero-initialised, as in the public record
-        "bigram_lambdas": torch.full((L,), 0.05),  # weight of the bigram embedding injected at each layer
-        "smear_gate": torch.zeros(1, hp.gate_dims),  # smear gate = smear_lambda * sigmoid(e[t, :G] . w)
+        "embed": head.T.contiguous(),  # tied to lm_head at init
+        "attn_bank": uniform(n_attn * 4, C, C),
+        "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),
     }
-    bf16 = ("embed", "lm_head", "value_embeds", "attn_bank", "mlp_bank", "bigram_embed")
+    # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused), so the
+    # optimizer's table and a checkpoint's keys do not depend on the flags.
+    assert list(p) == list(PARAMS)
     dtype = getattr(torch, hp.param_dtype)
-    return {k: v.to(device=device, dtype=dtype if k in bf16 else torch.float32).requires_grad_()
+    return {k: v.to(device=device, dtype=dtype if PARAMS[k].matrix else torch.float32).requires_grad_()
             for k, v in p.items()}
 
 
 def scalar_views(hp, scalars):
-    """(coefs (2L, 4) = [resid, x0, w0, w1] per sublayer, skip_lambda, attn_lambdas (n_attn, 2),
-    smear_lambda, backout_lambda); 0-d views of the one scalars tensor."""
-    n, n_attn = 2 * hp.num_layers, len(hp.attn_layers)
-    coefs = scalars[:4 * n].view(4, n).T
-    lam = scalars[4 * n + 1:4 * n + 1 + 2 * n_attn].view(n_attn, 2)
-    smear, backout = scalars[4 * n + 1 + 2 * n_attn:4 * n + 3 + 2 * n_attn]
-    return coefs, scalars[4 * n], lam, smear, backout
+    """(attn_lambdas (n_attn, 2), smear_lambda, backout_lambda, skip_lambda): views of the one scalars tensor."""
+    n = 2 * len(hp.attn_layers)
+    smear, backout, skip = scalars[n:n + 3]
+    return scalars[:n].view(-1, 2), smear, backout, skip
 
 
 # -----------------------------------------------------------------------------
@@ -716,7 +761,10 @@ def make_attn_sublayer(hp, attend):
         if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
             k = torch.where(stationary_dims(D, k.device) & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
         if ve is not None:
-            gate = 2 * torch.sigmoid(h[:, :G] @ ve_gate.to(h.dtype).T)  # (T, H)
+            # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
+            # dims next to the value embedding's first G/2.
+            g_in = h[:, :G] if paired else torch.cat([h[:, :G // 2], ve[:, :G - G // 2]], dim=-1)
+            gate = 2 * torch.sigmoid(g_in @ ve_gate.to(h.dtype).T)  # (T, H)
             v = v + gate[..., None] * ve.view(T, H, D)
         if paired:
             # The public record's construction: each token's H*D values read as two tokens of H/2 heads, so
@@ -735,21 +783,21 @@ def mlp_sublayer(x, w_fc, w_proj_t):
     return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
 
 
-def residual_single(lane, out, x0, coef, bigram=None, b_lam=None):
-    """lane <- resid * lane + w0 * (out + x0_lambda * x0) [+ b_lam * bigram]; coef (4,) fp32 =
-    [resid, x0_lambda, w0, w1]; bigram (T, C) and b_lam 0-d fp32 or both None."""
-    c = coef.to(lane.dtype)
-    lane = c[0] * lane + c[2] * (out + c[1] * x0)
-    return lane if bigram is None else lane + b_lam.to(lane.dtype) * bigram
+def attn_residual(lane0, lane1, out, inject, resid, post):
+    """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
+    lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
+    single-lane layers have no output weight). inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C);
+    resid 0-d and post (2,) fp32."""
+    r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
+    if lane1 is None:
+        return r * lane0 + out + inject, None
+    return r * lane0 + w[0] * out + inject, r * lane1 + w[1] * out
 
 
-def residual_pair(lane0, lane1, out, x0, coef, bigram=None, b_lam=None):
-    """Both lanes (parallel layers); the bigram injection goes into lane 0 only."""
-    c = coef.to(lane0.dtype)
-    out = out + c[1] * x0
-    lane0 = c[0] * lane0 + c[2] * out
-    lane0 = lane0 if bigram is None else lane0 + b_lam.to(lane0.dtype) * bigram
-    return lane0, c[0] * lane1 + c[3] * out
+def mlp_residual(lane0, lane1, out, resid, post):
+    """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is."""
+    r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
+    return r * lane0 + w[0] * out, None if lane1 is None else r * lane1 + w[1] * out
 
 
 def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
@@ -886,6 +934,7 @@ class MicroBatch:
     cu_seqlens: torch.Tensor = None  # (n_docs + 1,) int32 doc_cu_seqlens(ids) from the host (None: made here)
     bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
     bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
+    max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
 
 
 def paired_layers(hp):
@@ -906,16 +955,19 @@ class AttnTables(NamedTuple):
     max_len: int  # longest document (FlashAttention's grid): max_doc_len in training, T otherwise
 
 
-def attn_tables(hp, T, windows, cache, device, max_len=None):
+def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
     """The AttnTables of T tokens at windows (short, long) in blocks, cached in ``cache`` per (T, windows,
-    max_len). max_len: the longest document the sequences can hold (default T)."""
+    max_len, yarn_long). max_len: the longest document the sequences can hold (default T). yarn_long: the long
+    window whose YaRN frequencies and softmax scale are used (default windows[1]; the final validation widens
+    the window without re-scaling, as the record does)."""
     if T % BLOCK:
         raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (the window unit)")
     max_len = T if max_len is None else min(max_len, T)
-    key = ("tables", T, tuple(windows), str(device), max_len)
+    yarn_long = windows[1] if yarn_long is None else yarn_long
+    key = ("tables", T, tuple(windows), str(device), max_len, yarn_long)
     if key not in cache:
         dtype = getattr(torch, hp.param_dtype)
-        freq, scale = yarn_state(hp, windows[1])
+        freq, scale = yarn_state(hp, yarn_long)
         cos, sin = rotary_tables(hp, T, device, dtype, freq)
         pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if paired_layers(hp) else (None, None)
         short, long = (torch.tensor(w * BLOCK, dtype=torch.int64) for w in windows)
@@ -963,23 +1015,26 @@ def make_layers(hp, attend):
         seq = DocSeq(cu, docs, tables.max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
-        coefs, skip_lambda, attn_lam, smear_lambda, backout_lambda = scalar_views(hp, params["scalars"])
-        b_lams = params["bigram_lambdas"].unbind(0)
+        attn_lam, smear_lambda, backout_lambda, skip_lambda = scalar_views(hp, params["scalars"])
+        resid, post = params["resid_lambdas"].unbind(0), params["post_lambdas"].unbind(0)
+        x0_lams, b_lams = params["x0_lambdas"].unbind(0), params["bigram_lambdas"].unbind(0)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
         attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].unbind(0)
         ve_gates = params["ve_gate"].unbind(0)
+        G = hp.gate_dims
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
         for i in range(hp.num_layers):
             if i == hp.parallel_start:
                 lane1 = lane0
-            if i == hp.skip_to:
-                gated = 2 * torch.sigmoid(skip_lambda).to(skip.dtype) * skip
-                lane0 = lane0 + gated
-                lane1 = None if lane1 is None else lane1 + gated
+            if i == hp.skip_to:  # the record's gate: sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . skip_gate)
+                gate = torch.sigmoid(skip_lambda).to(x0.dtype) * 2 * torch.sigmoid(
+                    x0[:, :G] @ params["skip_gate"].to(x0.dtype).T)  # (T, 1)
+                lane0 = lane0 + gate * skip
+                lane1 = None if lane1 is None else lane1 + gate * skip
             if i not in hp.no_attn_layers:
                 kind = "long" if i in hp.long_window_layers else "short"
                 t = hp.ve_tables[i]
@@ -995,18 +1050,14 @@ def make_layers(hp, attend):
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, tables.qscale, seq, windows[kind], key_offset=ko, bos=bos)
                 a += 1
-                inject = (big, b_lams[i]) if big is not None and i > 0 else ()  # layer 0's is in the prelude
-                if lane1 is None:
-                    lane0 = residual_single(lane0, out, x0, coefs[2 * i], *inject)
-                else:
-                    lane0, lane1 = residual_pair(lane0, lane1, out, x0, coefs[2 * i], *inject)
+                inject = x0_lams[i].to(x0.dtype) * x0
+                if big is not None and i > 0:  # layer 0's bigram is in the prelude
+                    inject = inject + b_lams[i].to(x0.dtype) * big
+                lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
             if i == hp.skip_from:
                 skip = lane0
             out = mlp_sublayer(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
-            if lane1 is None:
-                lane0 = residual_single(lane0, out, x0, coefs[2 * i + 1])
-            else:
-                lane0, lane1 = residual_pair(lane0, lane1, out, x0, coefs[2 * i + 1])
+            lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
             if i == hp.backout_layer:
                 back = lane0
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
@@ -1090,21 +1141,17 @@ def region_cu(hp, ids, cu):
     return cu
 
 
-# Parameters read inside the compiled region (the embedding tables are read by the eager lookups before it).
-REGION_PARAMS = ("attn_bank", "mlp_bank", "lm_head", "scalars", "attn_gate", "ve_gate", "bigram_lambdas",
-                 "smear_gate")
-
-
 def model_params(params):
-    return {k: params[k] for k in REGION_PARAMS}
+    """The parameters read inside the compiled region (the embedding tables are read by the eager lookups)."""
+    return {k: params[k] for k in PARAMS if PARAMS[k].region}
 
 
-def forward(hp, params, fns, batch, windows, rot_cache, mtp=None):
+def forward(hp, params, fns, batch, windows, rot_cache, mtp=None, yarn_long=None):
     """Loss of one micro-batch (a 0-d fp32 tensor). mtp: (K,) fp32 multi-token weights on the device (the
-    training loss, mean over rows of the weighted sum) or None (validation: mean next-token CE)."""
+    training loss, mean over rows of the weighted sum) or None (validation: mean next-token CE). yarn_long: see
+    attn_tables."""
     ids = batch.ids
-    # Training micro-batches hold documents cut to max_doc_len (the loader); validation chunks may not.
-    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, None if mtp is None else hp.max_doc_len)
+    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep)
     cu = region_cu(hp, ids, batch.cu_seqlens)
     if mtp is None:
@@ -1115,25 +1162,13 @@ def forward(hp, params, fns, batch, windows, rot_cache, mtp=None):
 # -----------------------------------------------------------------------------
 # Optimizer: sharded Muon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
 
-# name -> (lr multiplier, (beta1, beta2), weight-decay multiplier); values from the public record
-ADAM_TABLE = {
-    "scalars": (5.0, (0.9, 0.99), 0.0),
-    "attn_gate": (1.0, (0.9, 0.99), 0.0),
-    "ve_gate": (1.0, (0.9, 0.99), 0.0),
-    "lm_head": (1.0, (0.5, 0.95), 150.0),
-    "value_embeds": (75.0, (0.75, 0.95), 5.0),
-    "embed": (1.0, (0.5, 0.95), 150.0),
-    "bigram_embed": (75.0, (0.75, 0.95), 5.0),
-    "bigram_lambdas": (1.0, (0.9, 0.95), 0.0),
-    "smear_gate": (0.01, (0.9, 0.99), 0.0),
-}
-MUON_NAMES = ("attn_bank", "mlp_bank")
-# Adam groups stepped only every adam_every steps (slow_adam_step): the big embedding-like tables, whose
-# reduce-scatter, update and all-gather dominate the Adam traffic. Names not in ORDER are ignored.
-ADAM_SLOW = frozenset({"embed", "lm_head", "value_embeds", "bigram_embed"})
-# Reduce order: small Adam tensors first, then the big ones whose update waits longest; embed after lm_head.
-ORDER = ("scalars", "attn_gate", "ve_gate", "smear_gate", "bigram_lambdas", "lm_head", "value_embeds", "bigram_embed",
-         "embed", "attn_bank", "mlp_bank")
+def is_muon(name):
+    return PARAMS[name].optim == "muon"
+
+
+def is_slow(name):
+    """Stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
+    return PARAMS[name].optim == "adam" and PARAMS[name].slow
 
 
 def normuon_update_cpu(o, v2, master, lr_mul, param_out, *, lr, beta2, wd):
@@ -1187,7 +1222,7 @@ class Group:
         self.master = self.shard_of(p)  # fp32 master of my rows
         self.sync_shard_param()
         self.step = 0
-        if self.name in MUON_NAMES:
+        if is_muon(self.name):
             M, N = p.shape[1:]
             self.mom = torch.zeros_like(self.master)
             self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
@@ -1199,11 +1234,11 @@ class Group:
     def sync_shard_param(self):
         """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
         (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard."""
-        copy = self.name in MUON_NAMES
+        copy = is_muon(self.name)
         self.shard_param = self.master.to(self.param.dtype, copy=copy)
 
     def state_tensors(self):
-        keys = ("master", "mom", "v2") if self.name in MUON_NAMES else ("master", "exp_avg", "exp_avg_sq")
+        keys = ("master", "mom", "v2") if is_muon(self.name) else ("master", "exp_avg", "exp_avg_sq")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -1211,9 +1246,9 @@ class Optimizer:
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
         self.k = step_kernels(d.device)
-        self.groups = {n: Group(n, params[n], d) for n in ORDER}
+        self.groups = {n: Group(n, params[n], d) for n in PARAMS}
         self.tied = True
-        self.pending = False  # the ADAM_SLOW accumulators hold gradients of skipped steps
+        self.pending = False  # the slow groups' accumulators hold gradients of skipped steps
         # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
         # each group's reduce-scatter starts as soon as its gradient is complete (hook below); step() starts
         # the others. launched: name -> (work, shard); tied_final: which of embed / lm_head are complete.
@@ -1250,7 +1285,7 @@ class Optimizer:
         gradients (the embedding's is added to it first, as step() would)."""
         if not self._fold(g):
             return
-        if self.final is None or (g.name in ADAM_SLOW and not self.final):
+        if self.final is None or (is_slow(g.name) and not self.final):
             return
         if self.tied and g.name in ("embed", "lm_head"):
             self.tied_final.add(g.name)
@@ -1297,13 +1332,13 @@ class Optimizer:
         start are started in ORDER; the Adam groups' updates wait for all Adam reduce-scatters and run as one
         fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
-        names = [n for n in ORDER if slow or n not in ADAM_SLOW]
+        names = [n for n in PARAMS if slow or not is_slow(n)]
         if self.final is not None and self.final != slow:
             raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
         if slow and self.tied and "lm_head" not in self.launched:
             self.k.transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
                           self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
-        for name in names:  # the reduce-scatters the backward did not start, in ORDER
+        for name in names:  # the reduce-scatters the backward did not start, in PARAMS order
             if name not in self.launched and not (name == "embed" and self.tied):
                 self.launched[name] = reduce_scatter_sum(d, self.groups[name].acc)
         launched = [(self.groups[n], *self.launched[n]) for n in names if n in self.launched]
@@ -1311,14 +1346,14 @@ class Optimizer:
         self.tied_final.clear()
         adam = []
         for g, work, grad in launched:
-            if g.name not in MUON_NAMES:
+            if not is_muon(g.name):
                 if work is not None:
                     work.wait()
                 adam.append((g, grad))
         self._adam(adam, lr_mul)
         gathers = [(g, all_gather_rows(d, g.shard_param, g.gathered)) for g, _ in adam]
         for g, work, grad in launched:
-            if g.name in MUON_NAMES:
+            if is_muon(g.name):
                 if work is not None:
                     work.wait()
                 self._muon(g, grad, lr_mul, momentum)
@@ -1340,8 +1375,9 @@ class Optimizer:
         hp = self.hp
         params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
         for g, grad in items:
-            mul, (b1, b2), wd_mul = ADAM_TABLE[g.name]
-            lr = hp.adam_lr * mul * lr_mul
+            spec = PARAMS[g.name]
+            (b1, b2), wd_mul = spec.betas, spec.wd_mul
+            lr = hp.adam_lr * spec.lr_mul * lr_mul
             g.step += 1
             fp32 = g.shard_param.dtype == torch.float32  # fp32 parameters: the master is the parameter shard
             params.append(g.master if fp32 else g.shard_param)
@@ -1353,8 +1389,8 @@ class Optimizer:
                                 step=g.step))
             if fp32:
                 g.shard_param = g.master
-        if params:
-            self.k.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
+        if params:  # the record's cautious decay: only where the step already shrinks the parameter
+            self.k.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
 
     def _muon(self, g, grad, lr_mul, momentum):
         hp = self.hp
@@ -1374,7 +1410,7 @@ class Optimizer:
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
                          for n, g in self.groups.items()}}
         if self.pending:
-            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if n in ADAM_SLOW}
+            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if is_slow(n)}
         return sd
 
     def load_state_dict(self, sd):
@@ -1427,8 +1463,8 @@ def bos_positions(tokens, bos_id):
 class TrainLoader:
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
-    A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to max_doc_len
-    and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not resumed: the
+    A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to the stage's
+    max_doc_len and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not resumed: the
     next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves to the
     next shard (cycling through the files). State = (shard index, BOS index, epoch) before the next batch.
     A background thread prepares the next step's batch (pinned tensors + embedding prep).
@@ -1449,7 +1485,7 @@ class TrainLoader:
             self._cache = {i: (tokens, bos_positions(tokens, self.hp.bos_id))}
         return self._cache[i]
 
-    def _plan(self, state, T):
+    def _plan(self, state, T, max_doc_len):
         """Slot spans [(start, end), ...] per slot for the global batch at `state`; returns (spans, new state)."""
         s = dict(state)
         for _ in range(2 * len(self.files) + 1):
@@ -1463,7 +1499,7 @@ class TrainLoader:
                         break
                     start = bos[j]
                     stop = bos[j + 1] if j + 1 < len(bos) else len(tokens)
-                    n = min(stop - start, self.hp.max_doc_len, room)
+                    n = min(stop - start, max_doc_len, room)
                     slot.append((int(start), int(start + n)))
                     room -= n
                     j += 1
@@ -1480,8 +1516,8 @@ class TrainLoader:
 
     def _build(self, state):
         step = state["step"]
-        T = self.micro_tokens_at(step)
-        spans, new_state = self._plan(state, T)
+        T, max_doc_len = self.micro_tokens_at(step), max_doc_len_at(self.hp, step)
+        spans, new_state = self._plan(state, T, max_doc_len)
         new_state["step"] = step + 1
         tokens = self._shard(new_state["shard"])[0]  # the spans lie in the shard the plan ended in
         micro = []
@@ -1499,7 +1535,7 @@ class TrainLoader:
                 ids, targets, prep, cu = ids.pin_memory(), targets.pin_memory(), prep.pin_memory(), cu.pin_memory()
                 extra = tuple(t.pin_memory() for t in extra)
             micro.append((ids, targets, prep, cu, *extra))
-        return micro, new_state
+        return micro, max_doc_len, new_state
 
     def _worker(self, state):
         try:
@@ -1519,10 +1555,10 @@ class TrainLoader:
         self._thread.join()
         if isinstance(item, BaseException):
             raise item
-        micro, self.state = item
+        micro, max_doc_len, self.state = item
         self._start(self.state)  # prepare the following step while this one trains
         dev = self.d.device
-        return [MicroBatch(*(x.to(dev, non_blocking=True) for x in m)) for m in micro]
+        return [MicroBatch(*(x.to(dev, non_blocking=True) for x in m), max_len=max_doc_len) for m in micro]
 
     def close(self):
         if self._thread is not None:
@@ -1726,11 +1762,11 @@ class Trainer:
         return None
 
     @torch.no_grad()
-    def validate(self, windows, max_micro=None):
+    def validate(self, windows, max_micro=None, yarn_long=None):
         n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * self.d.world)
         total = torch.zeros((), dtype=torch.float32, device=self.d.device)
         for mb in val_batches(self.hp, self.val_tokens, n, self.d):
-            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache)
+            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, yarn_long=yarn_long)
         if self.d.world > 1:
             dist.all_reduce(total)
         return (total / n).item()
@@ -1992,7 +2028,8 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         if last or (hp.val_every > 0 and step % hp.val_every == 0):
             sync()
             train_ms += 1000 * (time.perf_counter() - t0)
-            val = trainer.validate(windows_at(hp, min(step, T_total - 1)))
+            windows, yarn_long = val_windows(hp, step)
+            val = trainer.validate(windows, yarn_long=yarn_long)
             log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
                 f"step_avg:{train_ms / max(step, 1):.2f}ms")
             sync()

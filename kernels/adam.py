@@ -3,11 +3,19 @@
 Math (decoupled weight decay, as ``torch.optim.AdamW``), per element, for step ``t`` (1-based, after the
 increment), all arithmetic in fp32 with every operation rounded once (no fused multiply-add):
 
-    w  <- w * (1 - lr*wd)                          decoupled weight decay, before the Adam update
     m  <- lerp(m, g, 1 - beta1)                    torch's lerp: m + c*(g - m) if c < 0.5 else g - (g - m)*(1 - c)
     v  <- v*beta2 + ((1 - beta2)*g)*g
-    w  <- w + (-lr/bc1) * (m / (sqrt(v)/sqrt(bc2) + eps))     bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
+    a  <- (-lr/bc1) * (m / (sqrt(v)/sqrt(bc2) + eps))      the Adam step; bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
+    w  <- w * (1 - lr*wd)                          decoupled weight decay (with cautious_wd: only where a and w
+                                                   have opposite signs, i.e. where the step already moves w
+                                                   towards zero; elsewhere w is kept)
+    w  <- w + a
     p  <- round(w) to the parameter's dtype        round to nearest even
+
+Without ``cautious_wd`` this is ``torch.optim.AdamW`` (whose decay comes first: it does not depend on m or v, so
+the order is the same arithmetic). ``cautious_wd`` is the public speedrun's rule for its Adam parameters ("cautious
+weight decay": a parameter whose step points away from zero is not decayed; a row without gradient and without
+momentum has a = 0 and is not decayed either).
 
 ``w`` is the fp32 master copy of a bf16/fp16 parameter ``p`` (or ``p`` itself when it is fp32). The scalar
 coefficients (``1 - lr*wd``, ``1 - beta1``, ``beta2``, ``1 - beta2``, ``sqrt(bc2)``, ``eps``, ``-lr/bc1``) are
@@ -93,7 +101,8 @@ def adamw_coefficients(*, lr, beta1, beta2, eps, weight_decay, step):
 # Reference
 
 
-def fused_adamw_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step):
+def fused_adamw_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step,
+                    cautious_wd=False):
     """One AdamW step in pure PyTorch on fp32 tensors, same formula and operation order as the kernel.
 
     param, exp_avg, exp_avg_sq: fp32 (any shape, any device); grad: fp32 / bf16 / fp16 of the same shape.
@@ -113,24 +122,30 @@ def fused_adamw_ref(param, grad, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, 
         return x.to(torch.float32).to(torch.float64)
 
     g, w, m, v = (t.to(torch.float64) for t in (grad, param, exp_avg, exp_avg_sq))
-    w = r(w * decay)
     d = r(g - m)
     m = r(m + r(w1 * d)) if w1 < 0.5 else r(g - r(d * (1.0 - w1)))
     v = r(r(v * b2) + r(r(w2 * g) * g))
     # divide by a tensor: CUDA torch divides by a Python scalar through its reciprocal (not correctly rounded)
     denom = r(r(r(v.sqrt()) / torch.full_like(v, bc2_sqrt)) + eps32)
-    w = r(w + r(alpha * r(m / denom)))
+    a = r(alpha * r(m / denom))
+    w = torch.where(_shrinks(a, w), r(w * decay), w) if cautious_wd else r(w * decay)
+    w = r(w + a)
     w, m, v = (t.to(torch.float32) for t in (w, m, v))
     return w, m, v
 
 
-def fused_adamw_multi_step_ref(params, grads, exp_avgs, exp_avg_sqs, masters, hparams):
+def _shrinks(a, w):
+    """Where the Adam step a moves w towards zero (opposite signs; exact, unlike a product that can underflow)."""
+    return ((a < 0) & (w > 0)) | ((a > 0) & (w < 0))
+
+
+def fused_adamw_multi_step_ref(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, *, cautious_wd=False):
     """What :func:`fused_adamw_multi_step` does, through :func:`fused_adamw_ref` one tensor at a time, in place:
     the moments and the fp32 master (or the fp32 param where masters[i] is None) take the new values, and a
     low-precision param with a master takes the master rounded to its dtype. The CPU path of train_gpt.py."""
     for p, g, m, v, w, h in zip(params, grads, exp_avgs, exp_avg_sqs, masters, hparams):
         target = p if w is None else w
-        new_w, new_m, new_v = fused_adamw_ref(target, g, m, v, **h)
+        new_w, new_m, new_v = fused_adamw_ref(target, g, m, v, **h, cautious_wd=cautious_wd)
         target.copy_(new_w)
         m.copy_(new_m)
         v.copy_(new_v)
@@ -145,7 +160,7 @@ def fused_adamw_multi_step_ref(params, grads, exp_avgs, exp_avg_sqs, masters, hp
 @triton.jit
 def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask,
                   decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
-                  HAS_MASTER: tl.constexpr, ROUND_BF16: tl.constexpr):
+                  HAS_MASTER: tl.constexpr, ROUND_BF16: tl.constexpr, CAUTIOUS: tl.constexpr):
     """Update the elements ``offs`` (``mask`` None on full chunks, which keeps the accesses vectorizable)."""
     g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask)
@@ -155,12 +170,16 @@ def _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask,
     else:
         w = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
 
-    w = w * decay
     d = g - m
     m = tl.where(w1 < 0.5, m + w1 * d, g - d * (1.0 - w1))
     v = v * beta2 + (w2 * g) * g
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    w = w + alpha * tl.div_rn(m, denom)
+    a = alpha * tl.div_rn(m, denom)
+    if CAUTIOUS:  # decay only where the step moves w towards zero (see _shrinks)
+        w = tl.where(((a < 0) & (w > 0)) | ((a > 0) & (w < 0)), w * decay, w)
+    else:
+        w = w * decay
+    w = w + a
 
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
@@ -187,7 +206,7 @@ def _adamw_kernel(
         p_like, g_like,
         # hyperparameters: kernel scalars, or per-tensor rows of hp_ptr (fp32, 7 each) when HP_TABLE
         hp_ptr, decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
-        HAS_MASTER: tl.constexpr, HP_TABLE: tl.constexpr, ROUND_BF16: tl.constexpr,
+        HAS_MASTER: tl.constexpr, HP_TABLE: tl.constexpr, ROUND_BF16: tl.constexpr, CAUTIOUS: tl.constexpr,
         ALIGNED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     t = tl.load(chunk_ptr + 2 * pid)
@@ -217,10 +236,10 @@ def _adamw_kernel(
     offs = start + tl.arange(0, BLOCK)
     if start + BLOCK <= n:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, None, decay, w1, beta2, w2, bc2_sqrt, eps, alpha,
-                      HAS_MASTER, ROUND_BF16)
+                      HAS_MASTER, ROUND_BF16, CAUTIOUS)
     else:
         _adamw_update(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, offs < n, decay, w1, beta2, w2, bc2_sqrt, eps,
-                      alpha, HAS_MASTER, ROUND_BF16)
+                      alpha, HAS_MASTER, ROUND_BF16, CAUTIOUS)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -266,7 +285,7 @@ def _check_device(device):
     check_kernel_device("fused AdamW", device)
 
 
-def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config):
+def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config, cautious_wd=False):
     """One kernel launch over tensors that share (param dtype, grad dtype, has master, device).
 
     hps: one tuple (decay, w1, beta2, w2, bc2_sqrt, eps, alpha) per tensor. Inputs already checked.
@@ -295,7 +314,7 @@ def _launch(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config):
         tables["chunks"], params[0], grads[0],
         hp_table, decay, w1, b2, w2, bc2_sqrt, eps, alpha,
         HAS_MASTER=masters is not None, HP_TABLE=not uniform,
-        ROUND_BF16=params[0].dtype == torch.bfloat16, ALIGNED=aligned,
+        ROUND_BF16=params[0].dtype == torch.bfloat16, CAUTIOUS=bool(cautious_wd), ALIGNED=aligned,
         BLOCK=block, num_warps=num_warps, enable_fp_fusion=False)
 
 
@@ -369,7 +388,7 @@ def _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters):
         _explain_invalid(*args)
 
 
-def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config):
+def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, config, cautious_wd=False):
     """Split by (param dtype, grad dtype, has master, device) and launch once per group."""
     groups = {}
     for i, p in enumerate(params):
@@ -379,11 +398,11 @@ def _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, *, con
         def pick(lst):
             return [lst[i] for i in idx]
         _launch(pick(params), pick(grads), pick(exp_avgs), pick(exp_avg_sqs), pick(masters) if has_master else None,
-                pick(hps), config=config)
+                pick(hps), config=config, cautious_wd=cautious_wd)
 
 
 def fused_adamw_step(params, grads, exp_avgs, exp_avg_sqs, masters, *, lr, beta1, beta2, eps, weight_decay, step,
-                     config=None):
+                     cautious_wd=False, config=None):
     """One AdamW step over lists of tensors, in place: one launch per (param dtype, grad dtype, has master).
 
     params:      list of fp32 / bf16 / fp16 tensors, updated (the rounded master where one is given)
@@ -393,25 +412,28 @@ def fused_adamw_step(params, grads, exp_avgs, exp_avg_sqs, masters, *, lr, beta1
     masters:     list of fp32 master weights or None (allowed only for fp32 params, updated in place)
     lr, beta1, beta2, eps, weight_decay: Python floats shared by all tensors of the call
     step:        1-based step count after the increment (bias correction)
+    cautious_wd: decay only the elements whose Adam step moves them towards zero (see the module docstring)
     config:      (BLOCK, num_warps), default DEFAULT_CONFIG
     All tensors contiguous and on one device.
     """
     _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
     hp = adamw_coefficients(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, step=step)
-    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, [hp] * len(params), config=config)
+    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, [hp] * len(params), config=config,
+                      cautious_wd=cautious_wd)
 
 
-def fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, *, config=None):
+def fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, *, cautious_wd=False,
+                           config=None):
     """Like :func:`fused_adamw_step`, with hyperparameters per tensor: ``hparams[i]`` is a dict of lr, beta1,
     beta2, eps, weight_decay and step for tensor i. Still one launch per (param dtype, grad dtype, has master):
     where the tensors of a launch differ, their coefficients go in the kernel's per-tensor table. ``train_gpt.py``
     updates all its Adam groups with one call per step (two launches: fp32 gates/scalars without masters, bf16
-    embeddings/head with fp32 masters)."""
+    embeddings/head with fp32 masters), with cautious_wd."""
     _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
     if len(hparams) != len(params):
         raise ValueError(f"fused_adamw_multi_step: hparams has {len(hparams)} entries, params has {len(params)}")
     hps = [adamw_coefficients(**h) for h in hparams]
-    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, config=config)
+    _grouped_launches(params, grads, exp_avgs, exp_avg_sqs, masters, hps, config=config, cautious_wd=cautious_wd)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -187,6 +187,73 @@ def test_zero_grad_and_zero_lr(device):
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Cautious weight decay (the trainer's rule for every Adam parameter)
+
+
+def _spec_cautious(w, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step):
+    """The public record's Adam step with cautious decay, written in float64 from its formula (not from our
+    kernel's operation order): update = lr * sqrt(bc2) / bc1 * m' / (sqrt(v') + eps * sqrt(bc2)), the decay
+    lr * wd * w applied where update * w > 0 (the step already shrinks |w|), w' = w - update - decay."""
+    w, g, m, v = (t.double() for t in (w, g, m, v))
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
+    update = lr / bc1 * m / (v.sqrt() / math.sqrt(bc2) + eps)
+    mask = (update * w > 0).double()
+    return w - update - mask * lr * weight_decay * w, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(5, 123, 123), (8192,)], ids=lambda s: "x".join(map(str, s)))
+def test_cautious_decay_matches_ref_and_spec(device, dtype, shape):
+    """cautious_wd=True: the kernel is bitwise equal to fused_adamw_ref(cautious_wd=True) (masked and full chunks,
+    with and without masters), and both follow the record's formula (float64, _spec_cautious) within a few fp32
+    roundings of |w| + lr (the bound of test_step_one_closed_form). The mask matters: a sizeable share of the
+    elements is decayed and another is not, and the plain AdamW step differs."""
+    hp = dict(HP, weight_decay=0.5)  # a decay large enough to see next to the rounding bound
+    params, grads, ms, vs, ws = _tensors([shape], dtype, device, seed=31)
+    before = _snapshot(params, grads, ms, vs, ws)
+    fused_adamw_step(params, grads, ms, vs, ws, step=4, cautious_wd=True, **hp)
+    _check_against_ref(params, grads, ms, vs, ws, before, step=4, cautious_wd=True, **hp)
+    w0, g0, m0, v0 = before[0]
+    expect, mask = _spec_cautious(w0, g0, m0, v0, step=4, **hp)
+    got = ws[0] if ws[0] is not None else params[0].float()
+    bound = 8 * UNIT_ROUNDOFF[torch.float32] * (w0.abs().max().item() + hp["lr"])
+    assert_close_report(got, expect, atol=bound, name="cautious step vs the record's formula")
+    assert 0.2 < mask.mean().item() < 0.8, mask.mean().item()
+    plain, _, _ = fused_adamw_ref(w0, g0, m0, v0, step=4, **hp)
+    assert (plain.double() - expect).abs().max() > 100 * bound, "the decay mask changed nothing"
+
+
+def test_cautious_decay_spares_rows_without_gradient(device):
+    """A row with zero gradient and zero moments has a zero step: cautious decay leaves it alone (plain AdamW
+    decays it by lr*wd per step), in fp32 and in a bf16 param with master."""
+    for dtype in (torch.float32, torch.bfloat16):
+        params, grads, ms, vs, ws = _tensors([(1000,)], dtype, device, seed=32, state=False)
+        grads[0][:500] = 0
+        w0 = (ws[0] if ws[0] is not None else params[0]).float().clone()
+        fused_adamw_step(params, grads, ms, vs, ws, step=1, cautious_wd=True, **HP)
+        w1 = (ws[0] if ws[0] is not None else params[0]).float()
+        assert torch.equal(w1[:500], w0[:500]), "a row without gradient was decayed"
+        assert not torch.equal(w1[500:], w0[500:])
+
+
+def test_multi_step_cautious_per_tensor(device):
+    """The trainer's call with cautious_wd: per-tensor hyperparameters, fp32 without and bf16 with masters."""
+    shapes = [(37,), (5, 12), (300,), (1151,)]
+    p32, g32, m32, v32, w32 = _tensors(shapes[:2], torch.float32, device, seed=33)
+    p16, g16, m16, v16, w16 = _tensors(shapes[2:], torch.bfloat16, device, seed=34)
+    params, grads, ms, vs, ws = p32 + p16, [g.float() for g in g32 + g16], m32 + m16, v32 + v16, w32 + w16
+    hps = [dict(lr=1e-3 * (i + 1), beta1=0.9, beta2=0.95, eps=1e-10, weight_decay=0.3 * (i + 1), step=2 + i)
+           for i in range(len(shapes))]
+    before = _snapshot(params, grads, ms, vs, ws)
+    fused_adamw_multi_step(params, grads, ms, vs, ws, hps, cautious_wd=True)
+    for i in range(len(shapes)):
+        _check_against_ref(params[i:i + 1], grads[i:i + 1], ms[i:i + 1], vs[i:i + 1], ws[i:i + 1], before[i:i + 1],
+                           cautious_wd=True, **hps[i])
+
+
+# ------------------------------------------------------------------------------------------------------------
 # The optimizer against torch.optim.AdamW
 
 

@@ -170,10 +170,11 @@ def test_rotary_tables_plain_and_paired():
 def test_mtp_weights_follow_the_record_schedule():
     hp = tg.Hyperparameters()
     assert tg.mtp_weights_at(hp, 0) == (1.0, 0.5, 0.25)
-    assert tg.mtp_weights_at(hp, 245) == pytest.approx((1.0, 0.5, 0.125))  # half of stage 0 (0..490)
-    assert tg.mtp_weights_at(hp, 490) == (1.0, 0.5)
-    assert tg.mtp_weights_at(hp, 735) == pytest.approx((1.0, 0.25))
-    assert tg.mtp_weights_at(hp, 980) == (1.0,) and tg.mtp_weights_at(hp, 1509) == (1.0,)
+    # stages of 1450 scheduled steps: 0..483, 483..967, 967..1450, then the extension to 1490
+    assert tg.mtp_weights_at(hp, 161) == pytest.approx((1.0, 0.5, 0.25 * 2 / 3))  # a third of stage 0
+    assert tg.mtp_weights_at(hp, 483) == (1.0, 0.5)
+    assert tg.mtp_weights_at(hp, 725) == pytest.approx((1.0, 0.25))  # half of stage 1
+    assert tg.mtp_weights_at(hp, 967) == (1.0,) and tg.mtp_weights_at(hp, 1489) == (1.0,)
     assert tg.mtp_weights_at(dataclasses.replace(hp, mtp=False), 0) == (1.0,)
     smoke = tg.smoke_hyperparameters()
     assert [len(tg.mtp_weights_at(smoke, s)) for s in range(smoke.total_steps)] == [3] * 4 + [2] * 4 + [1] * 2
@@ -236,7 +237,10 @@ def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset):
     v = (h @ (lam[0] * Wv).T).view(T, H, D)
     q, k = norm(q), norm(k)
     docs = docs_of(inp["ids"], hp.bos_id)
-    v = v + 2 * torch.sigmoid(h[:, :G] @ inp["vg"].T)[..., None] * inp["ve"].view(T, H, D)
+    # record #74's value-embedding gate: paired layers read 12 dims of the normed input, the others 6 of it and
+    # 6 of the value embedding
+    g_in = h[:, :G] if paired else torch.cat([h[:, :6], inp["ve"][:, :6]], dim=1)
+    v = v + 2 * torch.sigmoid(g_in @ inp["vg"].T)[..., None] * inp["ve"].view(T, H, D)
     if not paired:
         ang = torch.arange(T, dtype=x.dtype)[:, None, None] * freq.to(x.dtype)
         q, k = rope(q, ang), rope(k, ang)
@@ -303,14 +307,16 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
 
 
 def spec_forward(hp, P, ids, windows):
-    """Record #74's forward on our model (see train_gpt's docstring), per layer, in P's dtype."""
+    """Record #74's forward on our model (see train_gpt's docstring), per layer, in P's dtype: one lane until
+    parallel_start (attention output added unweighted, x0 and the bigram injected after each attention), then
+    two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w)."""
     T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size
     dt, G = P["embed"].dtype, hp.gate_dims
-    n, n_attn = 2 * L, len(hp.attn_layers)
+    n_attn = len(hp.attn_layers)
     sc = P["scalars"]
-    resid, x0l, w0, w1, skip_l = sc[:n], sc[n:2 * n], sc[2 * n:3 * n], sc[3 * n:4 * n], sc[4 * n]
-    lams = sc[4 * n + 1:4 * n + 1 + 2 * n_attn].view(n_attn, 2)
-    smear_l, backout_l = sc[4 * n + 1 + 2 * n_attn], sc[4 * n + 2 + 2 * n_attn]
+    lams = sc[:2 * n_attn].view(n_attn, 2)
+    smear_l, backout_l, skip_l = sc[2 * n_attn], sc[2 * n_attn + 1], sc[2 * n_attn + 2]
+    resid, post, x0l, bl = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"], P["bigram_lambdas"]
     # long windows of the smoke table: 1 -> 2 blocks; windows (., 2) come after one YaRN update
     path = [128] if windows[1] == 1 else [128, 256]
     freq, scale = spec_yarn(spec_freq(D), hp.attn_scale, path) if hp.yarn else (spec_freq(D), hp.attn_scale)
@@ -325,7 +331,7 @@ def spec_forward(hp, P, ids, windows):
         e = e2
     x0 = norm(e)
     big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size, hp.bos_id))] if hp.bigram else None
-    lane0 = x0 if big is None else x0 + P["bigram_lambdas"][0] * big
+    lane0 = x0 if big is None else x0 + bl[0] * big
     lane1, skip, back = None, None, None
     ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
     vg = 0
@@ -333,8 +339,9 @@ def spec_forward(hp, P, ids, windows):
         if i == hp.parallel_start:
             lane1 = lane0
         if i == hp.skip_to:
-            lane0 = lane0 + 2 * torch.sigmoid(skip_l) * skip
-            lane1 = None if lane1 is None else lane1 + 2 * torch.sigmoid(skip_l) * skip
+            gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0])[:, None]
+            lane0 = lane0 + gate * skip
+            lane1 = None if lane1 is None else lane1 + gate * skip
         if i in hp.attn_layers:
             a = hp.attn_layers.index(i)
             paired = hp.paired_heads and i in hp.paired_head_layers
@@ -347,18 +354,17 @@ def spec_forward(hp, P, ids, windows):
             vg += t >= 0
             out = _spec_sublayer(hp, inp, 128 * windows[1 if long else 0], scale, freq, paired,
                                  hp.key_offset and long and not paired)
-            out = out + x0l[2 * i] * x0
-            l0 = resid[2 * i] * lane0 + w0[2 * i] * out
-            if big is not None and i > 0:
-                l0 = l0 + P["bigram_lambdas"][i] * big
-            lane1 = None if lane1 is None else resid[2 * i] * lane1 + w1[2 * i] * out
-            lane0 = l0
+            inject = x0l[i] * x0 + (bl[i] * big if big is not None and i > 0 else 0)
+            if lane1 is None:
+                lane0 = resid[i, 0] * lane0 + out + inject
+            else:
+                lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + inject,
+                                resid[i, 0] * lane1 + post[i, 0, 1] * out)
         if i == hp.skip_from:
             skip = lane0
         out = torch.relu(norm(lane0 if lane1 is None else lane1) @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
-        out = out + x0l[2 * i + 1] * x0
-        lane0, lane1 = (resid[2 * i + 1] * lane0 + w0[2 * i + 1] * out,
-                        None if lane1 is None else resid[2 * i + 1] * lane1 + w1[2 * i + 1] * out)
+        lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
+                        None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
         if i == hp.backout_layer:
             back = lane0
     x = lane0 if lane1 is None else (lane0 + lane1) / 2
@@ -372,15 +378,14 @@ def perturbed(hp, seed):
     p = tg.init_params(hp, torch.device("cpu"), seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for k in ("attn_gate", "ve_gate", "smear_gate", "bigram_embed"):
+        for k in ("attn_gate", "ve_gate", "smear_gate", "skip_gate", "bigram_embed"):
             p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
-        C = hp.model_dim
-        p["attn_bank"].view(-1, 4, C, C)[:, 3] = torch.randn(p["attn_bank"].shape[0] // 4, C, C, generator=g) * C ** -0.5
         p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
         p["bigram_lambdas"].add_(torch.rand(hp.num_layers, generator=g) * 0.3)
-        n = 2 * hp.num_layers
-        p["scalars"][n:2 * n] = torch.rand(n, generator=g) * 0.5  # x0 lambdas
-        p["scalars"][4 * n + 1:] += torch.randn(p["scalars"].numel() - 4 * n - 1, generator=g) * 0.3
+        p["x0_lambdas"].copy_(torch.rand(hp.num_layers, generator=g) * 0.5)
+        for k in ("resid_lambdas", "post_lambdas"):
+            p[k].add_(torch.randn(p[k].shape, generator=g) * 0.2)
+        p["scalars"].add_(torch.randn(p["scalars"].shape, generator=g) * 0.3)  # lambdas, smear, backout, skip
     return {k: v.detach().requires_grad_() for k, v in p.items()}
 
 
@@ -427,10 +432,13 @@ def test_full_forward_gradients_reach_every_feature_parameter(device):
                        bigram_prep=tg.prepare_ids(big, hp.bigram_vocab_size).to(device))
     loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25], device=device))
     loss.backward()
-    for k in ("bigram_embed", "bigram_lambdas", "smear_gate"):
+    for k in ("bigram_embed", "bigram_lambdas", "smear_gate", "skip_gate"):
         assert params[k].grad is not None and params[k].grad.abs().max() > 0, k
-    n, n_attn = 2 * hp.num_layers, len(hp.attn_layers)
-    assert (params["scalars"].grad[4 * n + 1:4 * n + 3 + 2 * n_attn] != 0).all()  # lambdas, smear, backout
+    assert (params["scalars"].grad != 0).all()  # attention lambdas, smear, backout, skip
+    assert (params["resid_lambdas"].grad != 0).all() and (params["x0_lambdas"].grad[hp.attn_layers] != 0).all()
+    # output weights: the MLP's into lane 0 everywhere; from parallel_start on, every weight into both lanes
+    post = params["post_lambdas"].grad
+    assert (post[:, 1, 0] != 0).all() and (post[hp.parallel_start:] != 0).all()
     # the bigram gradient lands on the hashed rows only (through our deterministic embedding kernel)
     rows = set(big.tolist())
     touched = set(torch.nonzero(params["bigram_embed"].grad.abs().sum(1)).flatten().tolist())

@@ -261,7 +261,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     tr.loader.close()
     assert abs(loss - mean.item()) <= 1e-5 * mean.item(), (loss, mean.item())
     # every due reduce-scatter was started inside the backward (embed is folded into lm_head while tied)
-    assert started == set(tg.ORDER) - {"embed"}, started
+    assert started == set(tg.PARAMS) - {"embed"}, started
     # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
     w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
     row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
@@ -353,15 +353,13 @@ def _perturbed_params(hp, seed, device="cpu"):
     p = tg.init_params(hp, torch.device("cpu"), seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        C = hp.model_dim
-        p["attn_bank"].view(-1, 4, C, C)[:, 3] = torch.randn(p["attn_bank"].shape[0] // 4, C, C, generator=g) * C ** -0.5
         p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
-        for k in ("attn_gate", "ve_gate", "smear_gate", "bigram_embed"):
+        for k in ("attn_gate", "ve_gate", "smear_gate", "skip_gate", "bigram_embed"):
             p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
-        n = 2 * hp.num_layers
-        p["scalars"][n:2 * n] = torch.rand(n, generator=g) * 0.5  # x0_lambdas
-        p["scalars"][:n] += torch.randn(n, generator=g) * 0.1
-        p["scalars"][4 * n + 1:] += 0.2  # attention lambdas, smear (0 at init: no smear gradient) and backout
+        p["x0_lambdas"].copy_(torch.rand(hp.num_layers, generator=g) * 0.5)
+        p["resid_lambdas"].add_(torch.randn(p["resid_lambdas"].shape, generator=g) * 0.1)
+        p["post_lambdas"].add_(torch.randn(p["post_lambdas"].shape, generator=g) * 0.1)
+        p["scalars"] += 0.2  # attention lambdas, smear (0 at init: no smear gradient), backout, skip
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
@@ -411,13 +409,14 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     # Muon parameters after the step: the update is lr * O(1) per element, bf16 rounding of X inside the
     # momentum kernel may flip one ulp (2^-8) where the gradients differ slightly: bound lr * 2^-6.
     lr = hp.muon_lr * 2 * hp.mlp_proj_lr_mul  # the largest effective Muon lr (tall shape x2, W_proj x2)
-    for k in tg.MUON_NAMES:
+    for k in ("attn_bank", "mlp_bank"):
+        assert tg.is_muon(k)
         assert_close_report(p2[k], p1[k], atol=lr * 2 ** -6, name=f"param {k} after step")
         assert not torch.equal(p1[k], _perturbed_params(hp, seed=3, device=device)[k]), f"{k} did not move"
 
 
 # ----------------------------------------------------------------------------------------------------
-# Adam every other step (ADAM_SLOW groups)
+# Adam every other step (the parameter table's slow rows)
 
 
 def test_slow_adam_schedule():
@@ -428,7 +427,11 @@ def test_slow_adam_schedule():
     assert tg.slow_adam_step(odd, odd.total_steps - 1), "the last step always updates the slow groups"
     assert [s for s in range(7) if tg.slow_adam_step(dataclasses.replace(hp, adam_every=3), s)] == [2, 5]
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
-    assert {"embed", "lm_head", "value_embeds", "bigram_embed"} <= tg.ADAM_SLOW
+    # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
+    adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
+    assert {n for n in tg.PARAMS if tg.is_slow(n)} == adam
+    assert {n for n in tg.PARAMS if tg.is_muon(n)} == {"attn_bank", "mlp_bank"}
 
 
 def _feed(opt, params, grads, names):
@@ -438,12 +441,14 @@ def _feed(opt, params, grads, names):
 
 
 @pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
-def test_slow_adam_groups_step_on_the_summed_gradient(untie, device):
+def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch):
     """fp32 params, two steps with adam_every=2: step 0 leaves the slow groups' params and state alone and keeps
     their gradient; step 1 updates them once (Adam step count 1, step 1's lr) on the fp32 sum of both steps'
     gradients. The specification: a second optimizer fed that sum directly (while tied, the embedding's gradient
     of step 0 folded into the head's, transposed: what a tied step does), stepped once; bitwise equal.
-    The fast groups (scalars, gates) and Muon step at both steps."""
+    Muon steps at both steps, and so does an Adam row marked slow=False (the table's other cadence: here
+    attn_gate, set so for the test)."""
+    monkeypatch.setitem(tg.PARAMS, "attn_gate", dataclasses.replace(tg.PARAMS["attn_gate"], slow=False))
     hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=2)
     dev = tg.Dist(device=torch.device(device))
     gen = torch.Generator().manual_seed(11)
@@ -451,8 +456,8 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device):
     pb = _perturbed_params(hp, seed=3, device=device)
     g0 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
     g1 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
-    slow = [k for k in pa if k in tg.ADAM_SLOW]
-    assert sorted(slow) == ["bigram_embed", "embed", "lm_head", "value_embeds"]
+    slow = [k for k in pa if tg.is_slow(k)]
+    assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
     start = {k: v.detach().clone() for k, v in pa.items()}
     _feed(a, pa, g0, pa)
@@ -462,7 +467,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device):
         assert torch.equal(pa[k], start[k]), f"{k} moved at a skipped step"
         assert a.groups[k].step == 0 and not a.groups[k].exp_avg.any()
         assert torch.equal(a.groups[k].acc[:a.groups[k].rows], g0[k]), f"{k}: gradient not kept"
-    for k in ("scalars", "attn_gate", "attn_bank"):
+    for k in ("attn_gate", "attn_bank", "mlp_bank"):
         assert not torch.equal(pa[k], start[k]), f"{k} should step every step"
     if untie:
         a.untie()
@@ -588,37 +593,32 @@ def _ref_forward(hp, P, ids, window_tokens):
         a, b = x[..., :D // 2], x[..., D // 2:]
         return torch.cat([a * c + b * s, b * c - a * s], -1)
 
-    n = 2 * L
-    sc = P["scalars"]
-    resid, x0l, w0, w1, skip_l = sc[:n], sc[n:2 * n], sc[2 * n:3 * n], sc[3 * n:4 * n], sc[4 * n]
+    G = hp.gate_dims
+    skip_l = P["scalars"][2 * len(hp.attn_layers) + 2]
+    resid, post, x0l = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"]
     x0 = norm(P["embed"][ids.long()])
     ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
     attn_layers = hp.attn_layers
     lane0, lane1, skip = x0, None, None
     ve_gate_i = 0
-
-    def mix(lane0, lane1, out, s):
-        out = out + x0l[s] * x0
-        if lane1 is None:
-            return resid[s] * lane0 + w0[s] * out, None
-        return resid[s] * lane0 + w0[s] * out, resid[s] * lane1 + w1[s] * out
-
     for i in range(L):
         if i == hp.parallel_start:
             lane1 = lane0
-        if i == hp.skip_to:
-            lane0 = lane0 + 2 * torch.sigmoid(skip_l) * skip
+        if i == hp.skip_to:  # U-net skip, gated by the skip lambda and by x0
+            gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0].to(dt))[:, None]
+            lane0 = lane0 + gate * skip
             if lane1 is not None:
-                lane1 = lane1 + 2 * torch.sigmoid(skip_l) * skip
+                lane1 = lane1 + gate * skip
         if i in attn_layers:
             a = attn_layers.index(i)
             Wq, Wk, Wv, Wo = P["attn_bank"][4 * a:4 * a + 4]
             h = norm(lane0)
             q, k, v = (h @ Wq.T).view(T, H, D), (h @ Wk.T).view(T, H, D), (h @ Wv.T).view(T, H, D)
             q, k = rope(norm(q)), rope(norm(k))
-            if hp.ve_tables[i] >= 0:
-                gate = 2 * torch.sigmoid(h[:, :hp.gate_dims] @ P["ve_gate"][ve_gate_i].to(dt).T)
-                v = v + gate[..., None] * ve_tabs[hp.ve_tables[i]][ids.long()].view(T, H, D)
+            if hp.ve_tables[i] >= 0:  # gate input: 6 dims of the normed input, 6 of the value embedding
+                ve = ve_tabs[hp.ve_tables[i]][ids.long()]
+                gate = 2 * torch.sigmoid(torch.cat([h[:, :6], ve[:, :6]], 1) @ P["ve_gate"][ve_gate_i].to(dt).T)
+                v = v + gate[..., None] * ve.view(T, H, D)
                 ve_gate_i += 1
             w = window_tokens[1] if i in hp.long_window_layers else window_tokens[0]
             mask = torch.zeros(T, T, dtype=torch.bool)
@@ -627,13 +627,19 @@ def _ref_forward(hp, P, ids, window_tokens):
                 mask[qi, lo:qi + 1] = doc[lo:qi + 1] == doc[qi]
             y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                attn_mask=mask, scale=hp.attn_scale).transpose(0, 1)
-            y = y * torch.sigmoid(h[:, :hp.gate_dims] @ P["attn_gate"][a].to(dt).T)[..., None]
-            lane0, lane1 = mix(lane0, lane1, y.reshape(T, C) @ Wo.T, 2 * i)
+            y = y * torch.sigmoid(h[:, :G] @ P["attn_gate"][a].to(dt).T)[..., None]
+            out = y.reshape(T, C) @ Wo.T
+            if lane1 is None:  # one lane: the output unweighted, x0 injected after the attention
+                lane0 = resid[i, 0] * lane0 + out + x0l[i] * x0
+            else:
+                lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + x0l[i] * x0,
+                                resid[i, 0] * lane1 + post[i, 0, 1] * out)
         if i == hp.skip_from:
             skip = lane0
         h = norm(lane0 if lane1 is None else lane1)
         out = torch.relu(h @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
-        lane0, lane1 = mix(lane0, lane1, out, 2 * i + 1)
+        lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
+                        None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
     x = lane0 if lane1 is None else (lane0 + lane1) / 2
     logits = norm(x) @ P["lm_head"]
     return hp.softcap * torch.sigmoid((logits + 5) / 7.5)
@@ -707,11 +713,12 @@ def test_loader_document_boundaries_follow_its_documents(smoke_data):
     hp = tg.smoke_hyperparameters()
     files = tg.shard_files(smoke_data / "smoke_train_*.bin")
     ld = tg.TrainLoader(hp, files, tg.Dist(), lambda s: 256)
-    for _ in range(3):
+    for step in range(hp.total_steps):  # both document cuts of the smoke stages (96, then 192 tokens)
         for mb in ld.next():
             assert int(mb.ids[0]) == hp.bos_id
             assert torch.equal(mb.cu_seqlens, tg.doc_cu_seqlens(mb.ids, hp.bos_id))
-            assert int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()) <= hp.max_doc_len
+            assert int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()) <= mb.max_len
+            assert mb.max_len == tg.max_doc_len_at(hp, step)
     ld.close()
 
 
@@ -799,25 +806,34 @@ def test_loader_rank_split_matches_single_rank(smoke_data):
             assert int(mb.ids[0]) == hp.bos_id, "every micro-batch starts at a document"
             assert torch.equal(mb.ids[1:].long(), mb.targets[:-1])
             starts = torch.nonzero(mb.ids == hp.bos_id)[:, 0].tolist() + [T]
-            assert max(b - a for a, b in zip(starts, starts[1:])) <= hp.max_doc_len
+            assert max(b - a for a, b in zip(starts, starts[1:])) <= tg.max_doc_len_at(hp, step) == mb.max_len
     # consecutive steps continue the stream (no repeated batch)
     assert not torch.equal(out[(1, 0)][0][0].ids, out[(1, 0)][1][0].ids)
 
 
 def test_schedule_matches_the_public_record():
+    """Record #74's TrainingSchedule: 1450 scheduled steps + 40, stages ending at round(1450 k / 3), cooldown over
+    the last 60% (from int(1450 * 0.4) = 580), documents cut to 896 tokens in stage 0 and 2048 after, the
+    embedding untied after the first odd (Adam) step of stage 2 (its split_step 967), the final validation's long
+    window 20 blocks with the last stage's YaRN, validation as 40 chunks of 262,144 tokens."""
     hp = tg.Hyperparameters()
-    assert hp.total_steps == 1510
+    assert hp.total_steps == 1490
     bounds = tg.stage_bounds(hp)
-    assert [(a, b) for a, b, _ in bounds] == [(0, 490), (490, 980), (980, 1470), (1470, 1510)]
-    assert [tg.micro_tokens_at(hp, s) for s in (0, 490, 980, 1509)] == [16384, 32768, 49152, 49152]
-    assert tg.lr_factor(hp, 0) == 1.0
-    assert tg.lr_factor(hp, 1470) == pytest.approx(hp.cooldown_floor)
+    assert [(a, b) for a, b, _ in bounds] == [(0, 483), (483, 967), (967, 1450), (1450, 1490)]
+    assert [tg.micro_tokens_at(hp, s) for s in (0, 483, 967, 1489)] == [16384, 32768, 49152, 49152]
+    assert [tg.max_doc_len_at(hp, s) for s in (0, 482, 483, 1489)] == [896, 896, 2048, 2048]
+    assert tg.lr_factor(hp, 580) == 1.52 and tg.lr_factor(hp, 581) < 1.52  # the cooldown starts at 580
+    assert tg.lr_factor(hp, 0) == 1.0 and tg.lr_factor(hp, 500) == 1.52
+    assert tg.lr_factor(hp, 1015) == pytest.approx(1.73 * (1 - 435 / 870) + 0.15 * 435 / 870)
+    assert tg.lr_factor(hp, 1450) == pytest.approx(hp.cooldown_floor)
     assert tg.muon_momentum(hp, 0) == hp.muon_momentum_min
     assert tg.muon_momentum(hp, 300) == hp.muon_momentum_max
-    assert tg.muon_momentum(hp, 1510) == pytest.approx(hp.muon_momentum_min)
-    assert tg.untie_step(hp) == 980
+    assert tg.muon_momentum(hp, 1490) == pytest.approx(hp.muon_momentum_min)
+    assert tg.untie_step(hp) == 968
+    assert tg.val_windows(hp, 500) == ((3, 7), None)
+    assert tg.val_windows(hp, 1490) == ((6, 20), 13)
     assert all(tg.micro_tokens_at(hp, s) % tg.BLOCK == 0 for s in range(hp.total_steps))
-    assert hp.val_tokens % (hp.val_micro_tokens * tg.SLOTS) == 0
+    assert (hp.val_micro_tokens, hp.val_tokens // hp.val_micro_tokens) == (262_144, 40)
 
 
 @pytest.mark.parametrize("world", [3, 5, 6, 16])
@@ -1068,7 +1084,9 @@ def test_logged_sources_are_the_imported_project_modules(smoke_run):
         path = getattr(mod, "__file__", None)
         if isinstance(path, str) and os.path.isabs(path) and Path(path).resolve().is_relative_to(REPO):
             imported.add(Path(path).resolve().relative_to(REPO).as_posix())
-    expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))})
+    # hidden folders (a virtual environment made inside the repo, as the README does) are never logged
+    expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))
+                                          and not any(part.startswith(".") for part in p.split("/"))})
     assert tg.logged_sources() == expected
     _, log_path, _ = smoke_run
     text = log_path.read_text()
