@@ -2,19 +2,21 @@
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke                                   (tiny CPU run, about a minute on 2 cores)
-      python train_gpt.py --sample checkpoints/<run>/step_001510 --prompt "The" --temperature 0.8 --top-k 50
-      python train_gpt.py --hellaswag checkpoints/<run>/step_001510    (data: python data/hellaswag.py)
+      python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
+      python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
       python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
-6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP,
-zero-initialised output projections, value embeddings mixed into the attention values of the first and last
-three layers, the normed embedding x0 mixed into every sublayer, one U-net skip (layer 3 -> layer 6), a second
-residual lane from layer 7 on (attention reads lane 0, the MLP lane 1), sigmoid logit soft-capping, an LM head
-stored transposed (768 x 50304) tied to the token embedding for the first 2/3 of the scheduled steps.
+6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
+output projection zero-initialised), five value-embedding tables mixed into the attention values of layers 1,
+2, 8, 9 and 10, the normed embedding x0 added after every attention sublayer, residual scales sqrt(1.1) per
+sublayer, one U-net skip (layer 3 -> layer 6) gated by a learned scalar and by x0, a second residual lane from
+layer 7 on (attention reads lane 0, the MLP lane 1, per-lane output weights), sigmoid logit soft-capping, an LM
+head stored transposed (768 x 50304) tied to the token embedding until the first Adam step of the third stage.
+All of it, and the optimizer settings (PARAMS), follow record #74.
 Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
   * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
     token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
@@ -46,18 +48,19 @@ own key; the record lets these three read the previous document's last token, an
 then score its candidates differently from one at a time: 4.3e-3 nats at most in the HellaSwag pack test);
 the bigram gradient is reduced densely (reduce-scatter of the whole table like the other embeddings; the
 record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
-(2i, 2i + 1) (a fixed permutation of the head dims); the softmax scale starts at attn_scale (the record's YaRN
-starts at 0.1); the value-embedding gate reads the normed input's first 12 dims (the record: 6 of the input
-and 6 of the value embedding); the training loss is the mean over rows (the record sums), and the FP8
-gradient scale is divided by the rows accordingly; the final validation keeps the last stage's windows (the
-record extends the long window to 20 blocks); no learned skip gate (the record's skip_gate on x0).
+(2i, 2i + 1) (a fixed permutation of the head dims); the training loss is the mean over rows (the record sums),
+and the FP8 gradient scale is divided by the rows accordingly; every parameter has an fp32 master (the record
+updates its bf16 tables and gates in place) and gradients accumulate in fp32. Measured together
+(records/2026-11-25_LossParity1xH200): these deviations cost no loss at equal steps.
 
-Parameters: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv, Wo] per attention layer, `mlp_bank`
-(n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is tall),
-`embed` (50304, 768), `lm_head` (768, 50304), `value_embeds` (n_ve*50304, 768), `bigram_embed`
-(bigram_vocab_size, 768) bf16, gates (`attn_gate`, `ve_gate`, `smear_gate`), `bigram_lambdas` and `scalars`
-fp32 (scalars = per-sublayer residual coefficients, skip, attention lambdas, smear and backout lambdas). The
-feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero gradient).
+Parameters: the table PARAMS (Parameters section) lists each with its optimizer, lr multiplier, betas, decay,
+cadence, dtype and whether the compiled region reads it: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv,
+Wo] per attention layer, `mlp_bank` (n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored
+transposed so every MLP matrix is tall), `embed` (50304, 768), `lm_head` (768, 50304), `value_embeds`
+(n_ve*50304, 768), `bigram_embed` (bigram_vocab_size, 768) bf16; fp32: gates (`attn_gate`, `ve_gate`,
+`smear_gate`, `skip_gate`), `resid_lambdas`, `post_lambdas`, `x0_lambdas`, `bigram_lambdas` and `scalars`
+(attention lambdas, smear, backout and skip lambdas). The feature parameters exist whatever the flags: a
+disabled feature leaves them untouched (zero gradient).
 
 Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
 tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
@@ -82,9 +85,10 @@ ends, the embedding tables after their own backward kernels; the others in the o
 shard: Muon for the
 two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
 kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
-bf16 cast) and fused AdamW with fp32 masters (kernels.adam.fused_adamw_multi_step, all Adam groups in one call)
-for the rest; the updated shards are all-gathered. The embeddings and the head (ADAM_SLOW) are reduced and
-updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
+bf16 cast) and fused AdamW with fp32 masters and cautious weight decay (kernels.adam.fused_adamw_multi_step,
+all Adam groups in one call) for the rest; the updated shards are all-gathered. The Adam parameters (PARAMS'
+slow rows: all of them, as in the record) are reduced and updated only every `adam_every` steps, on the
+gradients summed since their last update. While tied,
 kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
 kernels.transpose.transpose_copy writes the head back into the embedding.
 
@@ -334,7 +338,7 @@ def muon_momentum(hp, step):
 
 
 def slow_adam_step(hp, step):
-    """Whether the ADAM_SLOW groups are reduced and updated at this step: every adam_every-th step (the last of
+    """Whether the slow Adam groups are reduced and updated at this step: every adam_every-th step (the last of
     each period, as the public record's odd steps for adam_every=2) and always the last step of the run."""
     return step % hp.adam_every == hp.adam_every - 1 or step == hp.total_steps - 1
 
@@ -1326,10 +1330,10 @@ class Optimizer:
 
     @torch.no_grad()
     def step(self, step, lr_mul, momentum, slow=True):
-        """One optimizer step on the accumulated gradients. slow=False leaves the ADAM_SLOW groups alone: their
+        """One optimizer step on the accumulated gradients. slow=False leaves the slow Adam groups alone: their
         accumulators keep summing until the next step with slow=True, which updates them at its lr (the summed
         gradient is not averaged, as in the public record). Order: the reduce-scatters the last backward did not
-        start are started in ORDER; the Adam groups' updates wait for all Adam reduce-scatters and run as one
+        start are started in PARAMS order; the Adam groups' updates wait for all Adam reduce-scatters and run as one
         fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
         names = [n for n in PARAMS if slow or not is_slow(n)]
@@ -1404,7 +1408,7 @@ class Optimizer:
                        wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
-        """Per rank. Between two slow Adam steps (pending) the ADAM_SLOW accumulators (this rank's unreduced
+        """Per rank. Between two slow Adam steps (pending) the slow groups' accumulators (this rank's unreduced
         gradient sums) are part of the state, so a resumed run continues bitwise."""
         sd = {"tied": self.tied, "pending": self.pending,
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
