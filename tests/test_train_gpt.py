@@ -416,6 +416,104 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Initialisation and the parameter table against record #74 (its GPT.__init__ and TrainingManager.param_table)
+
+# Record #74's param_table for the Adam parameters, written out: name -> (lr_mul, betas, wd_mul). Our
+# post_lambdas / x0_lambdas / resid_lambdas are its parameters of the same names; "scalars" holds its attention
+# lambdas, smear, backout and skip lambdas (its "scalars"); attn_gate / ve_gate are its attn_gate_bank /
+# ve_gate_bank (lr_mul and wd_mul default to 1.0 there).
+RECORD_ADAM = {
+    "scalars": (5.0, (0.9, 0.99), 0.0), "smear_gate": (0.01, (0.9, 0.99), 0.0),
+    "skip_gate": (0.05, (0.9, 0.99), 0.0), "attn_gate": (1.0, (0.9, 0.99), 1.0), "ve_gate": (1.0, (0.9, 0.99), 1.0),
+    "lm_head": (1.0, (0.5, 0.95), 150.0), "bigram_embed": (75.0, (0.75, 0.95), 5.0),
+    "post_lambdas": (1.0, (0.9, 0.95), 0.0), "x0_lambdas": (1.0, (0.9, 0.95), 0.0),
+    "bigram_lambdas": (1.0, (0.9, 0.95), 0.0), "resid_lambdas": (5.0, (0.9, 0.95), 0.0),
+    "value_embeds": (75.0, (0.75, 0.95), 5.0), "embed": (1.0, (0.5, 0.95), 150.0),
+}
+
+
+def test_parameter_table_is_the_records():
+    assert {n for n, p in tg.PARAMS.items() if p.optim == "adam"} == set(RECORD_ADAM)
+    for name, (lr_mul, betas, wd_mul) in RECORD_ADAM.items():
+        p = tg.PARAMS[name]
+        assert (p.lr_mul, tuple(p.betas), p.wd_mul) == (lr_mul, betas, wd_mul), name
+    hp = tg.Hyperparameters()
+    assert (hp.adam_lr, hp.adam_eps, hp.adam_wd, hp.adam_every) == (0.008, 1e-10, 0.005, 2)
+    # what the compiled region reads: everything but the three tables the eager lookups read
+    assert {n for n, p in tg.PARAMS.items() if not p.region} == {"embed", "value_embeds", "bigram_embed"}
+
+
+def test_initialisation_is_the_records():
+    """Record #74's GPT.__init__ on the default layer layout (11 layers, no attention in layer 6, two lanes from
+    layer 7), at a small width and vocabulary: every attention matrix (W_o too) uniform with std 0.5/sqrt(C),
+    W_fc uniform and W_proj zero, residual scales sqrt(1.1) per sublayer, output weights 1 but attention -> lane
+    1 = 1.5 in parallel layers, x0 weights 0, bigram weights 0.05, attention lambdas (0.5, 1.0), smear 0, backout
+    0.5, skip lambda -1.5, every gate zero, the head N(0, 0.005) tied to the embedding, value embeddings
+    N(0, 0.01) in 5 tables at layers 1, 2, 8, 9, 10, a zero bigram table; softmax scale 0.1."""
+    hp = dataclasses.replace(tg.Hyperparameters(), vocab_size=1024, bigram_vocab_size=640, model_dim=256,
+                             num_heads=2, head_dim=128, mlp_dim=1024)
+    assert hp.attn_scale == 0.1 and hp.ve_tables == (-1, 0, 1, -1, -1, -1, -1, -1, 2, 3, 4)
+    p = {k: v.detach().float() for k, v in tg.init_params(hp, torch.device("cpu"), seed=0).items()}
+    C, L, n_attn = hp.model_dim, hp.num_layers, len(hp.attn_layers)
+    assert n_attn == 10
+    bound = 3 ** 0.5 * 0.5 / C ** 0.5 * (1 + 2 ** -8)  # the uniform's edge, plus the bf16 rounding of a value there
+    attn = p["attn_bank"].view(n_attn, 4, C, C)
+    for j in range(4):  # Q, K, V, O
+        m = attn[:, j]
+        assert m.abs().max() <= bound and abs(m.std().item() / (0.5 / C ** 0.5) - 1) < 0.02, j
+    fc, proj = p["mlp_bank"].view(L, 2, hp.mlp_dim, C).unbind(1)
+    assert fc.abs().max() <= bound and abs(fc.std().item() / (0.5 / C ** 0.5) - 1) < 0.02 and not proj.any()
+    assert torch.equal(p["resid_lambdas"], torch.full((L, 2), 1.1 ** 0.5))
+    post = torch.ones(L, 2, 2)
+    post[7:, 0, 1] = 1.5
+    assert torch.equal(p["post_lambdas"], post)
+    assert not p["x0_lambdas"].any() and torch.equal(p["bigram_lambdas"], torch.full((L,), 0.05))
+    assert torch.equal(p["scalars"], torch.tensor([0.5, 1.0] * n_attn + [0.0, 0.5, -1.5]))
+    for k in ("smear_gate", "skip_gate", "attn_gate", "ve_gate", "bigram_embed"):
+        assert not p[k].any(), k
+    assert p["ve_gate"].shape == (5, hp.num_heads, 12) and p["attn_gate"].shape == (n_attn, hp.num_heads, 12)
+    assert abs(p["lm_head"].std().item() / 0.005 - 1) < 0.02 and torch.equal(p["embed"], p["lm_head"].T)
+    assert p["value_embeds"].shape == (5 * hp.vocab_size, C) and abs(p["value_embeds"].std().item() / 0.01 - 1) < 0.02
+
+
+def test_adam_update_follows_the_table_with_cautious_decay(device):
+    """Two optimizer steps on every Adam parameter (fp32, adam_every=1) against the record's Adam written in
+    float64: per parameter its table row's lr (adam_lr * lr_mul * the schedule factor), betas and decay
+    adam_wd * wd_mul * lr^2, bias-corrected moments, the decay applied only where the update shrinks the weight
+    (cautious). Bound: a few fp32 roundings of |w| + lr per step. A wrong lr multiplier, beta or decay rule is off
+    by far more (the value tables decay by 0.9% per step)."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=1)
+    params = _perturbed_params(hp, seed=21, device=device)
+    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+    opt.untie()  # embed and lm_head step separately (tied, the head would take the embedding's gradient)
+    gen = torch.Generator().manual_seed(22)
+    spec = {}
+    for k, (lr_mul, (b1, b2), wd_mul) in RECORD_ADAM.items():
+        w = params[k].detach().double().cpu()
+        spec[k] = dict(w=w, m=torch.zeros_like(w), v=torch.zeros_like(w), lr_mul=lr_mul, b1=b1, b2=b2, wd=wd_mul)
+    shrunk = {}
+    for t, factor in ((1, 1.0), (2, 0.7)):
+        grads = {k: torch.randn(v.shape, generator=gen) * 1e-2 for k, v in params.items()}
+        for k, g in grads.items():
+            params[k].grad = g.to(device)
+        opt.accumulate()
+        opt.step(t - 1, factor, 0.9, slow=True)
+        for k, s in spec.items():
+            g = grads[k].double()
+            lr = hp.adam_lr * s["lr_mul"] * factor
+            s["m"] = s["b1"] * s["m"] + (1 - s["b1"]) * g
+            s["v"] = s["b2"] * s["v"] + (1 - s["b2"]) * g * g
+            update = lr * (s["m"] / (1 - s["b1"] ** t)) / ((s["v"] / (1 - s["b2"] ** t)).sqrt() + hp.adam_eps)
+            mask = (update * s["w"] > 0).double()
+            shrunk[k] = mask.mean().item()
+            s["w"] = s["w"] - update - mask * lr * lr * hp.adam_wd * s["wd"] * s["w"]
+    for k, s in spec.items():
+        bound = 16 * 2 ** -24 * (s["w"].abs().max().item() + hp.adam_lr * s["lr_mul"])
+        assert_close_report(params[k], s["w"], atol=bound, name=f"{k} after two Adam steps")
+    assert 0.1 < shrunk["value_embeds"] < 0.9  # the mask decides for a sizeable share of the elements
+
+
+# ----------------------------------------------------------------------------------------------------
 # Adam every other step (the parameter table's slow rows)
 
 
