@@ -164,7 +164,7 @@ class Hyperparameters:
     val_tokens: int = 10_485_760  # validation tokens (fewer if the val shard is smaller; rounded to micro-batches)
     val_micro_tokens: int = 262_144  # tokens per validation micro-batch, one contiguous chunk (the record's)
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
-    vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := max id
+    vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := their first id
     # model
     vocab_size: int = 50304  # embedding rows: GPT-2's 50257 padded to a multiple of 128
     num_layers: int = 11  # transformer blocks
@@ -387,15 +387,26 @@ def max_doc_len_at(hp, step):
 # Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
 
 
+class SettingsError(ValueError):
+    """A setting (a flag, a default it combines with, or the launch) that cannot work; main() prints it as one
+    line naming the flag and exits with code 2 (see check_settings)."""
+
+
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
-        raise UnsupportedWorldSize(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
-                         f"of the global batch (use 1, 2, 4 or 8 processes)")
+        raise UnsupportedWorldSize(f"world size {world_size} is not supported: it must divide the {SLOTS} "
+                                   f"micro-batches of the global batch (use 1, 2, 4 or 8 processes: torchrun "
+                                   f"--nproc_per_node)")
     return SLOTS // world_size
 
 
-class UnsupportedWorldSize(ValueError):
+class UnsupportedWorldSize(SettingsError):
     """The number of processes does not divide the global batch's micro-batches."""
+
+
+def launch_rank():
+    """This process's rank as torchrun set it (0 without torchrun), readable before the process group exists."""
+    return int(os.environ.get("RANK", "0"))
 
 
 @dataclass
@@ -1434,30 +1445,45 @@ class Optimizer:
 # Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
 
 
-def check_token_ids(files, vocab_size):
+def check_token_ids(files, vocab_size, vocabulary=None):
     """The largest token id in the shards; a ShardError naming the file and the first position of an id
     >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the
-    CPU, a device-side assert on the GPU). One vectorised max over each memory-mapped shard (a 100M-token
-    shard is 200 MB: a fraction of a second from the page cache)."""
+    CPU, a device-side assert on the GPU). vocabulary: what the limit is, for the message (default: the
+    model's vocabulary). One vectorised max over each memory-mapped shard (a 100M-token shard is 200 MB: a
+    fraction of a second from the page cache)."""
     top = -1
     for f in files:
         tokens = load_shard(f, mmap=True)
         m = int(tokens.max())
         if vocab_size is not None and m >= vocab_size:
             pos = int(np.argmax(tokens >= vocab_size))
-            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside the model's vocabulary "
-                             f"(vocab_size {vocab_size}); were these shards made with another tokenizer?")
+            what = vocabulary or f"the model's vocabulary (vocab_size {vocab_size})"
+            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside {what}; were these "
+                             f"shards made with another tokenizer?")
         top = max(top, m)
     return top
 
 
-def fit_to_data(hp, train_files, val_files):
-    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them."""
-    top = check_token_ids(list(train_files) + list(val_files), None if hp.vocab_from_data else hp.vocab_size)
-    if hp.vocab_from_data:
-        # Every document starts with BOS, the largest id of the GPT-2 tokenizer (50256) and of the tests' shards.
-        hp = dataclasses.replace(hp, vocab_size=-(-(top + 1) // 128) * 128, bos_id=top)
-    return hp
+def fit_to_data(hp, train_files, val_files, bos_id=None):
+    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them: ids
+    must lie in GPT-2's vocabulary (the tokenizer of --sample and --hellaswag), vocab_size is the largest id + 1
+    rounded up to 128, and the document separator is bos_id when stated (--bos-id), else read from the data's
+    document structure: a shard is written from a document's start, so the first token of the first training
+    shard is the separator, and the first validation shard must start with the same id. (The largest id is no
+    separator: one stray id above the BOS would take its place.)"""
+    files = list(train_files) + list(val_files)
+    if not hp.vocab_from_data:
+        check_token_ids(files, hp.vocab_size)
+        return hp
+    top = check_token_ids(files, GPT2_VOCAB, f"GPT-2's vocabulary of {GPT2_VOCAB} ids (--vocab-from-data)")
+    if bos_id is None:
+        bos_id = int(load_shard(train_files[0], mmap=True)[0])
+        first_val = int(load_shard(val_files[0], mmap=True)[0])
+        if first_val != bos_id:
+            raise ShardError(f"{val_files[0]}: starts with token id {first_val}, but {train_files[0]} starts with "
+                             f"{bos_id}: the first token of a shard begins a document and should be the separator "
+                             f"(BOS) in both; state it with --bos-id")
+    return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
 def bos_positions(tokens, bos_id):
@@ -1635,7 +1661,7 @@ class Logger:
         self.path, self.active = path, active
         if active:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("")
+            path.open("x").close()  # never truncate a log: an existing one raises FileExistsError
 
     def __call__(self, line, console=True):
         if not self.active:
@@ -1677,25 +1703,102 @@ def matmul_params(hp):
 # Checkpoints
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder that is missing, damaged or does not fit this run; main() prints it as one line."""
+
+
+# Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
+RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
+                     "hellaswag_limit", "profile_steps", "compile")
+
+
+def barrier(d):
+    if d.world > 1:
+        dist.barrier()
+
+
+def fsync_dir(path):
+    """Make a folder's entries (a new file, a rename) durable: fsync of the folder itself."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp):
+    """ckpt_dir/step_NNNNNN with one rank<r>.pt per rank (rank 0's also holds the parameters), written
+    atomically: every rank writes and fsyncs its file in step_NNNNNN.tmp, and once all have (a barrier) rank 0
+    renames the folder, so a checkpoint folder is complete or absent, whenever the run is killed. The folder
+    under ckpt_dir belongs to this run (its run id is never reused), so the .tmp name needs no suffix."""
     path = Path(ckpt_dir) / f"step_{step:06d}"
-    path.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if d.rank == 0:
+        tmp.mkdir(parents=True)
+    barrier(d)
     state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
              "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
              "hyperparameters": dataclasses.asdict(hp)}
     if d.rank == 0:
         state["params"] = {k: v.detach().cpu() for k, v in params.items()}
-    torch.save(state, path / f"rank{d.rank}.pt")
+    with open(tmp / f"rank{d.rank}.pt", "xb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    barrier(d)
+    if d.rank == 0:
+        fsync_dir(tmp)
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
     return path
 
 
-def load_checkpoint(path, params, opt, d):
+def read_checkpoint(path, rank, mmap=False):
+    """The state rank `rank` saved in the checkpoint folder `path`, on the CPU; a CheckpointError naming the
+    folder or file when it is unfinished, missing or cannot be read. mmap: tensors stay in the file (a cheap
+    look at the metadata)."""
     path = Path(path)
-    mine = torch.load(path / f"rank{d.rank}.pt", map_location="cpu", weights_only=False)
-    if mine["world_size"] != d.world:
-        raise ValueError(f"checkpoint {path} was written by {mine['world_size']} ranks, this run has {d.world}: "
-                         f"the sharded optimizer state needs the same world size")
-    p0 = mine if d.rank == 0 else torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
+    if path.name.endswith(".tmp"):
+        raise CheckpointError(f"{path} is an unfinished checkpoint (its run stopped while saving it); use a "
+                              f"step_NNNNNN folder")
+    f = path / f"rank{rank}.pt"
+    if not f.is_file():
+        raise CheckpointError(f"no checkpoint at {path} (expected {f})")
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # torch raises RuntimeError (zip), EOFError or UnpicklingError for a damaged file
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise CheckpointError(f"{f}: damaged checkpoint file, torch.load failed ({type(e).__name__}: "
+                              f"{reason})") from None
+    if not isinstance(state, dict) or "hyperparameters" not in state:
+        raise CheckpointError(f"{f}: not a checkpoint of train_gpt.py (no hyperparameters in it)")
+    return state
+
+
+def check_resume(hp, path, d):
+    """Refuse (CheckpointError, one line) a --resume checkpoint that cannot continue this run: a rank file
+    missing or damaged, another world size, or a hyperparameter (the schedule and the seed included) other than
+    this run's, naming the first that differs; only RESUME_MAY_DIFFER may. Tensors are not read (mmap): this
+    runs before the log opens and the model is built."""
+    ck = read_checkpoint(path, 0, mmap=True)
+    if ck["world_size"] != d.world:
+        raise CheckpointError(f"--resume {path}: checkpoint written by {ck['world_size']} ranks, this run has "
+                              f"{d.world}: the sharded optimizer state needs the same world size")
+    for r in range(1, d.world):
+        read_checkpoint(path, r, mmap=True)
+    saved, mine = ck["hyperparameters"], dataclasses.asdict(hp)
+    for k in list(mine) + [k for k in saved if k not in mine]:
+        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
+            what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
+                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
+            raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
+
+
+def load_checkpoint(path, params, opt, d):
+    """Load this rank's state (and rank 0's parameters) into params and opt; returns the state. Checked first
+    by check_resume."""
+    mine = read_checkpoint(path, d.rank)
+    p0 = mine if d.rank == 0 else read_checkpoint(path, 0)
     with torch.no_grad():
         for k, v in p0["params"].items():
             params[k].copy_(v)
@@ -1992,16 +2095,31 @@ def resolve_files(hp):
                                 f"and point --train-files / --val-files at them") from e
 
 
-def open_log(hp, args, d, train_files, val_files):
-    """The run's log, started with the code that ran and the header; returns (log, run_id)."""
-    run_id = args.run_id or f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"
-    log = Logger(Path(args.log_dir) / f"{run_id}.txt", d.rank == 0)
+def new_run_id(d):
+    """A fresh run id (date, time, random suffix), the same on every rank: rank 0's, broadcast."""
+    run_id = [f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"]
+    if d.world > 1:
+        dist.broadcast_object_list(run_id, src=0)
+    return run_id[0]
+
+
+def open_log(hp, args, d, train_files, val_files, run_id):
+    """The run's log LOG_DIR/RUN_ID.txt, started with the code that ran and the header, then its own path and
+    the checkpoint folder's (printed too). The log is created, never overwritten: check_settings refused a taken
+    --run-id, and a log made since then by another process is refused here."""
+    path = Path(args.log_dir) / f"{run_id}.txt"
+    try:
+        log = Logger(path, d.rank == 0)
+    except FileExistsError:
+        raise SettingsError(f"--run-id {run_id}: the log {path} exists (a log is never overwritten)") from None
     log(source_dump(), console=False)
     log("=" * 100, console=False)
     for line in header_lines(hp, d, train_files, val_files):
         log(line, console=False)
     log("=" * 100, console=False)
-    return log, run_id
+    log(f"log_file: {path}")
+    log(f"checkpoint_dir: {Path(args.checkpoint_dir) / run_id}")
+    return log
 
 
 def resume(trainer, path, log):
@@ -2200,11 +2318,26 @@ def open_compile_cache(hp, args, d):
 
 
 def run_training(hp, args, d):
-    """One training run: files, log header, trainer, compile warmup, optional resume, timed loop, footer.
-    Returns (log path, checkpoint folder)."""
+    """One training run: files, the --resume check, log header, then train() inside it; a run that fails after
+    the log opened ends its log with a run_failed: line. Returns (log path, checkpoint folder)."""
     train_files, val_files = resolve_files(hp)
-    hp = fit_to_data(hp, train_files, val_files)
-    log, run_id = open_log(hp, args, d, train_files, val_files)
+    hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
+    if args.resume:
+        check_resume(hp, args.resume, d)
+    run_id = args.run_id or new_run_id(d)
+    log = open_log(hp, args, d, train_files, val_files, run_id)
+    ckpt_dir = Path(args.checkpoint_dir) / run_id
+    try:
+        train(hp, args, d, train_files, val_files, log, ckpt_dir)
+    except BaseException as e:
+        reason = (str(e).strip().splitlines() or [""])[0]
+        log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
+        raise
+    return log.path, ckpt_dir
+
+
+def train(hp, args, d, train_files, val_files, log, ckpt_dir):
+    """Trainer, compile warmup, optional resume, timed loop, footer."""
     cache = open_compile_cache(hp, args, d)
     if args.compile_cache and cache is None:
         log(f"compile_cache: --compile-cache {args.compile_cache} not used (nothing is compiled)")
@@ -2221,10 +2354,8 @@ def run_training(hp, args, d):
     start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    ckpt_dir = Path(args.checkpoint_dir) / run_id
     train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume))
     log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup)
-    return log.path, ckpt_dir
 
 
 # -----------------------------------------------------------------------------
@@ -2340,11 +2471,11 @@ class HellaSwag:
 
 def load_model(path, d):
     """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
-    path = Path(path)
-    if not (path / "rank0.pt").is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} (expected {path / 'rank0.pt'})")
-    ck = torch.load(path / "rank0.pt", map_location="cpu", weights_only=False)
-    hp = hyperparameters_from_dict(ck["hyperparameters"])
+    ck = read_checkpoint(path, 0)
+    try:
+        hp = hyperparameters_from_dict(ck["hyperparameters"])
+    except TypeError as e:  # a field this code does not know, or lacks
+        raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
     # Eager pieces: evaluation runs each length once or a few times (nothing to compile).
     return hp, params, build_fns(hp, d.device, compile_model=False)
@@ -2412,15 +2543,128 @@ def sample(args, d):
 
 
 # -----------------------------------------------------------------------------
+# Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
+
+
+PARAM_DTYPES = ("bfloat16", "float32")  # what the kernels and their tests cover
+# Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
+HP_RANGES = {
+    "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "max_doc_len": (1, None),
+    "num_layers": (1, None), "model_dim": (1, None), "num_heads": (1, None), "head_dim": (4, None),
+    "mlp_dim": (1, None), "gate_dims": (1, None), "vocab_size": (1, None), "bigram_vocab_size": (2, None),
+    "cooldown_frac": (0, 1), "cooldown_floor": (0, None), "untie_frac": (0, 1), "muon_lr": (0, None),
+    "muon_momentum_min": (0, 1), "muon_momentum_max": (0, 1), "muon_warmup_steps": (0, None),
+    "muon_cooldown_steps": (0, None), "muon_beta2": (0, 1), "muon_wd": (0, None), "mlp_proj_lr_mul": (0, None),
+    "adam_lr": (0, None), "adam_wd": (0, None), "adam_every": (1, None), "profile_steps": (0, None),
+    "val_every": (0, None), "save_every": (0, None), "hellaswag_every": (0, None), "hellaswag_limit": (0, None),
+}
+# The same for the flags that are not hyperparameters (sampling).
+ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None)}
+RUN_ID_CHARS = "letters, digits, '.', '_' and '-', not starting with '.'"
+
+
+def flag_name(field):
+    """The command-line flag of a hyperparameter or argument: its short alias where it has one (--steps)."""
+    return FLAG_ALIASES.get(field, ["--" + field.replace("_", "-")])[0]
+
+
+def check_settings(hp, args, world, cuda):
+    """Raise SettingsError, one line naming the flag, for the first setting that cannot work: the world size,
+    every hyperparameter's range, the layer indices and shapes against each other, the sampling flags, and for
+    training the device (the full model needs CUDA: without it, --smoke) and the run id, which must be new:
+    neither LOG_DIR/RUN_ID.txt nor CHECKPOINT_DIR/RUN_ID may exist. Opens no file, allocates nothing. hp: the
+    training run's hyperparameters (with --sample / --hellaswag, which take the checkpoint's, only the flags
+    are checked)."""
+    check_world_size(world)
+    training = not (args.sample or args.hellaswag)
+    if args.sample and args.hellaswag:
+        raise SettingsError("--sample and --hellaswag: give one of them")
+
+    def bounded(name, value, lo, hi):
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            rule = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise SettingsError(f"{flag_name(name)}: must be {rule}, got {value}")
+
+    for name, (lo, hi) in HP_RANGES.items():
+        bounded(name, getattr(hp, name), lo, hi)
+    for name, (lo, hi) in ARG_RANGES.items():
+        bounded(name, getattr(args, name), lo, hi)
+    L = hp.num_layers
+
+    def layer(name, i):
+        if not 0 <= i < L:
+            raise SettingsError(f"{flag_name(name)}: {i} is not a layer index (--num-layers {L}: 0 .. {L - 1})")
+
+    for name in ("no_attn_layers", "long_window_layers") + (("paired_head_layers",) if hp.paired_heads else ()):
+        for i in getattr(hp, name):
+            layer(name, i)
+    for name in ("skip_from", "skip_to") + (("backout_layer",) if hp.backout else ()):
+        layer(name, getattr(hp, name))
+    if hp.skip_from >= hp.skip_to:
+        raise SettingsError(f"--skip-from {hp.skip_from} must come before --skip-to {hp.skip_to} (the skip is saved "
+                            f"at one layer and added at a later one)")
+    if not 0 <= hp.parallel_start <= L:
+        raise SettingsError(f"--parallel-start: must be a layer index or {L} (one lane), got {hp.parallel_start}")
+    if not hp.attn_layers:
+        raise SettingsError("--no-attn-layers: lists every layer; at least one layer needs attention")
+    if len(hp.ve_tables) != L:
+        raise SettingsError(f"--ve-tables: {len(hp.ve_tables)} entries for {L} layers (--num-layers): give one table "
+                            f"id per layer, -1 for none")
+    for i, t in enumerate(hp.ve_tables):
+        if t < -1:
+            raise SettingsError(f"--ve-tables: layer {i} has table {t}; table ids are 0, 1, ... (-1: none)")
+        if t >= 0 and i in hp.no_attn_layers:
+            raise SettingsError(f"--ve-tables: layer {i} has table {t} but no attention (--no-attn-layers); value "
+                                f"embeddings are mixed into the attention values")
+    unused = sorted(set(range(hp.num_ve)) - set(hp.ve_tables))
+    if unused:
+        raise SettingsError(f"--ve-tables: table {unused[0]} is used by no layer; number the tables 0, 1, ... "
+                            f"without gaps")
+    if hp.num_heads * hp.head_dim != hp.model_dim:
+        raise SettingsError(f"--num-heads {hp.num_heads} x --head-dim {hp.head_dim} must equal --model-dim "
+                            f"{hp.model_dim}")
+    if hp.head_dim % 4:
+        raise SettingsError(f"--head-dim: must be a multiple of 4 (rotary turns pairs in half the dims), got "
+                            f"{hp.head_dim}")
+    if hp.paired_heads and hp.paired_head_layers and hp.num_heads % 2:
+        raise SettingsError(f"--num-heads: paired heads need an even number, got {hp.num_heads} (or "
+                            f"--no-paired-heads)")
+    if hp.gate_dims > hp.model_dim:
+        raise SettingsError(f"--gate-dims: the gates read {hp.gate_dims} dims of the residual, more than --model-dim "
+                            f"{hp.model_dim}")
+    if hp.muon_momentum_min > hp.muon_momentum_max:
+        raise SettingsError(f"--muon-momentum-min {hp.muon_momentum_min} is above --muon-momentum-max "
+                            f"{hp.muon_momentum_max}")
+    if hp.param_dtype not in PARAM_DTYPES:
+        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of {', '.join(PARAM_DTYPES)}")
+    if hp.val_micro_tokens < BLOCK or hp.val_micro_tokens % BLOCK:
+        raise SettingsError(f"--val-micro-tokens: must be a multiple of {BLOCK} (the window unit), got "
+                            f"{hp.val_micro_tokens}")
+    ids = GPT2_VOCAB if hp.vocab_from_data else hp.vocab_size
+    if not 0 <= hp.bos_id < ids:
+        raise SettingsError(f"--bos-id: {hp.bos_id} is not a token id (0 .. {ids - 1})")
+    if not training:
+        return
+    if not cuda and not args.smoke:
+        raise SettingsError("the full model needs a CUDA GPU and torch sees none; use --smoke for a tiny CPU model "
+                            "(its flags can be changed like any other)")
+    run_id = args.run_id
+    if run_id is not None:
+        if not run_id or run_id.startswith(".") or any(not (c.isalnum() or c in "._-") for c in run_id):
+            raise SettingsError(f"--run-id {run_id!r}: use {RUN_ID_CHARS}")
+        for taken in (Path(args.log_dir) / f"{run_id}.txt", Path(args.checkpoint_dir) / run_id):
+            if taken.exists():
+                raise SettingsError(f"--run-id {run_id} is taken: {taken} exists (a run never overwrites another's "
+                                    f"log or checkpoints; choose another id, or leave --run-id out for a new one)")
+
+
+# -----------------------------------------------------------------------------
 # Entry point
 
 
 # Short names that users and records use, kept beside the generated --field-name flags.
 FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
-# Lower bounds of counting flags: a value below is one usage error (exit code 2), not a traceback later.
-FLAG_MINIMUM = {"scheduled_steps": 1, "extension_steps": 0, "adam_every": 1, "profile_steps": 0, "val_every": 0,
-                "save_every": 0, "hellaswag_every": 0, "hellaswag_limit": 0}
 
 
 def field_comments(cls=None):
@@ -2448,62 +2692,77 @@ def _tuple_parser(elem_type):
     return parse
 
 
-def add_hyperparameter_flags(p):
+def add_hyperparameter_flags(p, smoke):
     """One flag per Hyperparameters field: --field-name (plus FLAG_ALIASES), typed from the field, help from
-    its comment; bools as --x / --no-x, tuples as comma lists. Unset flags stay None (keep the default)."""
+    its comment and the default of the config that applies (the smoke config's with --smoke); bools as --x /
+    --no-x, tuples as comma lists. Unset flags stay None (keep the default). Values are checked by
+    check_settings."""
     comments = field_comments()
-    g = p.add_argument_group("hyperparameters (defaults: the speedrun, or the smoke config with --smoke)")
-    defaults = Hyperparameters()
+    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
+    g = p.add_argument_group(f"hyperparameters (defaults: {config})")
+    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
     for f in dataclasses.fields(Hyperparameters):
         if f.name in NOT_FLAGS:
             continue
         names = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
         default = getattr(defaults, f.name)
-        kw = dict(dest=f.name, default=None, help=f"{comments[f.name]} (default: {default!r})")
+        shown = ("from the shards (--vocab-from-data)" if defaults.vocab_from_data and f.name in ("vocab_size", "bos_id")
+                 else repr(default))
+        kw = dict(dest=f.name, default=None, help=f"{comments[f.name]} (default: {shown})")
         if f.type is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif f.type is tuple:
             kw.update(type=_tuple_parser(type(default[0]) if default else int), metavar="A,B,...")
         else:
-            kw["type"] = _at_least(FLAG_MINIMUM[f.name], f.type) if f.name in FLAG_MINIMUM else f.type
+            kw["type"] = f.type
         g.add_argument(*names, **kw)
 
 
-def _at_least(lo, kind):
-    """argparse type: a number of ``kind`` >= lo (a bad value is one usage error, exit code 2)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value >= lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are printed by rank 0 only (torchrun starts one process per rank); every
+    rank exits with code 2."""
+
+    def error(self, message):
+        if launch_rank() == 0:
+            super().error(message)
+        self.exit(2)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
-                                epilog="The Stage table (batch size, windows, lr per stage) is edited in the code.")
-    add_hyperparameter_flags(p)
-    p.add_argument("--run-id")
-    p.add_argument("--checkpoint-dir", default="checkpoints")
-    p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from, same world size")
+    argv = sys.argv[1:] if argv is None else argv
+    p = ArgumentParser(
+        prog="train_gpt.py", description=__doc__.split("\n")[0],
+        usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
+        epilog="The Stage table (batch size, windows, lr per stage) is edited in the code. Step lines: train_loss "
+               "(--train-loss) is the training objective, with --mtp the weighted sum of the losses on the next "
+               "1, 2, 3 tokens (weights 1, .5, .25 at the start), so about 1.75 x ln(vocab_size) = 18.9 at step 1 "
+               "for GPT-2's vocabulary; val_loss is the next-token loss alone (ln(50304) = 10.8 untrained). "
+               "Every setting is checked before any work: a bad one is one line naming the flag, exit code 2.")
+    add_hyperparameter_flags(p, smoke="--smoke" in argv)
+    p.add_argument("--run-id", help="name of the run: its log is LOG_DIR/RUN_ID.txt, its checkpoints "
+                                    "CHECKPOINT_DIR/RUN_ID/step_NNNNNN; an id whose log or checkpoint folder "
+                                    "exists is refused (default: date_time_random, new for each run)")
+    p.add_argument("--checkpoint-dir", default="checkpoints", metavar="CHECKPOINT_DIR",
+                   help="folder of the runs' checkpoint folders (default: %(default)s)")
+    p.add_argument("--log-dir", default="logs", metavar="LOG_DIR",
+                   help="folder of the runs' logs (default: %(default)s)")
+    free = ", ".join(map(flag_name, RESUME_MAY_DIFFER))
+    p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from: the world size and "
+                                    "every hyperparameter, the schedule and --seed included, must equal the "
+                                    f"checkpoint's (refused otherwise), except {free}")
     p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
     p.add_argument("--smoke", action="store_true",
                    help="tiny CPU-sized run (eager; on a GPU --smoke --compile compiles it)")
     p.add_argument("--hellaswag", metavar="CHECKPOINT",
                    help="checkpoint folder: print its HellaSwag accuracy and write hellaswag.json there")
     p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
-    p.add_argument("--prompt", default="The")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=_at_least(0, float), default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-k", type=_at_least(0, int), default=0, help="sample among the K most likely tokens (0: all)")
-    p.add_argument("--num-samples", type=_at_least(1, int), default=1,
+    p.add_argument("--prompt", default="The", help="--sample: the text to continue (default: %(default)r)")
+    p.add_argument("--max-new-tokens", type=int, default=32,
+                   help="--sample: tokens generated per sample, >= 1 (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: all)")
+    p.add_argument("--num-samples", type=int, default=1,
                    help="continuations to print, drawn one after another from one generator seeded by --seed")
-    p.add_argument("--log-dir", default="logs")
     p.add_argument("--compile-cache", metavar="PATH",
                    help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
                         "matches (else emptied and compiled cold), saved after the compile warmup")
@@ -2534,9 +2793,28 @@ def keep_freed_memory():
         pass
 
 
+# Problems with the user's settings, data, checkpoint or launch: one line and exit code 2 (bugs keep their traceback).
+USER_ERRORS = (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError)
+
+
 def main(argv=None):
+    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem of
+    USER_ERRORS is one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and
+    SystemExit(2) on every rank."""
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    try:
+        return run(args)
+    except USER_ERRORS as e:
+        if launch_rank() == 0:
+            print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def run(args):
+    """The settings checked (check_settings), then the processes set up and the mode run."""
+    hp, cuda = hyperparameters_from(args), torch.cuda.is_available()
+    check_settings(hp, args, int(os.environ.get("WORLD_SIZE", "1")), cuda)
+    if not cuda:
         keep_freed_memory()
     # Three batch shapes share one allocator: expandable segments avoid fragmenting it (before CUDA starts).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -2551,7 +2829,6 @@ def main(argv=None):
             return sample(args, d)
         if args.hellaswag:
             return evaluate_hellaswag(args, d)
-        hp = hyperparameters_from(args)
         torch.manual_seed(hp.seed)
         return run_training(hp, args, d)
     finally:
@@ -2560,9 +2837,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (FileNotFoundError, ShardError, UnsupportedWorldSize, HellaSwagError, PrepareError) as e:
-        # Problems with the user's data or launch: one clear message, no traceback (bugs keep theirs).
-        print(f"train_gpt.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    main()

@@ -11,12 +11,18 @@ which is where the trainer's default globs look.
 Behaviour: a file already present and valid is skipped; a present but invalid one is reported, deleted and
 downloaded again; every download is verified (header and exact size) and a corrupt one is deleted and the
 script exits 1 naming it. ``hf_hub_download`` keeps partial downloads under ``DIR/.cache/huggingface`` and
-resumes them on the next run. Network failures end the script with one sentence on stderr and exit code 1.
+resumes them on the next run. Network failures end the script with one sentence on stderr and exit code 1;
+before the first download the hub's host (or the HTTPS proxy) is reached once with a short timeout, so an
+offline machine fails at once instead of through huggingface_hub's retries (about 24 s); the folder is created
+only then, and the lock file huggingface_hub takes per download is removed after it.
 """
 import argparse
 import errno
 import shutil
+import socket
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 if not __package__:  # run as a script: make `data.shards` importable from the repository root
@@ -71,17 +77,41 @@ def _describe_failure(exc, name, local_dir):
     return None
 
 
+PROBE_TIMEOUT_S = 5  # a reachable host answers a TCP connect within this; an offline one fails at once
+
+
 def _mb(path):
     return f"{path.stat().st_size / 1e6:.1f} MB"
 
 
+def unreachable(endpoint):
+    """None when a TCP connection to the hub's host (or to the HTTPS proxy the environment names) opens within
+    PROBE_TIMEOUT_S, else the reason in a few words."""
+    url = urllib.parse.urlsplit(urllib.request.getproxies().get("https") or endpoint)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"{host}:{port}: {type(exc).__name__}: {_one_line(exc)}"
+    return None
+
+
+def _fetch(hf_hub_download, local_dir, name):
+    """hf_hub_download of one shard into local_dir; the lock file it takes there (and leaves behind, even when it
+    fails) is removed."""
+    try:
+        return Path(hf_hub_download(repo_id=REPO_ID, filename=name, repo_type=REPO_TYPE, local_dir=local_dir))
+    finally:
+        (local_dir / ".cache" / "huggingface" / "download" / f"{name}.lock").unlink(missing_ok=True)
+
+
 def download(n_train, local_dir):
     """Fetch and verify the shards; return the process exit code (0 ok, 1 failure)."""
-    from huggingface_hub import hf_hub_download  # lazy: --help and tests work without it / with a fake
+    from huggingface_hub import constants, hf_hub_download  # lazy: --help and tests work without it / with a fake
 
     local_dir = Path(local_dir)
-    local_dir.mkdir(parents=True, exist_ok=True)
     names = shard_names(n_train)
+    checked = constants.HF_HUB_OFFLINE  # offline mode: huggingface_hub only looks at local files
     for k, name in enumerate(names, start=1):
         path = local_dir / name
         prefix = f"[{k}/{len(names)}] {name} ..."
@@ -93,9 +123,17 @@ def download(n_train, local_dir):
             except (ShardError, OSError) as exc:
                 print(f"{prefix} present but invalid ({exc}); downloading it again", flush=True)
                 path.unlink()
+        if not checked:
+            reason = unreachable(constants.ENDPOINT)
+            if reason is not None:
+                print(f"error: cannot reach the Hugging Face hub to download {name}: {reason}; check the network, "
+                      f"or set HF_ENDPOINT to a reachable mirror, or copy the shards into {local_dir} by hand "
+                      f"(HF_HUB_OFFLINE=1 then only verifies them)", file=sys.stderr)
+                return 1
+            checked = True
+        local_dir.mkdir(parents=True, exist_ok=True)
         try:
-            got = Path(hf_hub_download(repo_id=REPO_ID, filename=name, repo_type=REPO_TYPE,
-                                       local_dir=local_dir))
+            got = _fetch(hf_hub_download, local_dir, name)
         except Exception as exc:
             message = _describe_failure(exc, name, local_dir)
             if message is None:

@@ -21,7 +21,7 @@ Output: ``DIR/NAME_val_000000.bin`` (``_000001`` ... if val is larger than a sha
 does not fit in the current shard starts the next one; only a document longer than a whole shard is split.
 NAME defaults to ``fineweb`` so the trainer's default globs (``fineweb_train_*.bin``) read the output with
 just a different folder. Existing shards of NAME in DIR are refused unless ``--force`` (which deletes them
-first); on any error the shards written by this run are removed.
+first); on any error the shards written by this run are removed, and so are the folders it created.
 """
 import argparse
 import hashlib
@@ -254,6 +254,7 @@ def prepare(inputs, out_dir, encoding, name=DEFAULT_NAME, val_fraction=DEFAULT_V
                            f"pass --force to replace them, or choose another --name or --out")
     for path in old:
         path.unlink()
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # removed again if this run fails
     out_dir.mkdir(parents=True, exist_ok=True)
 
     writers = {"val": ShardWriter(out_dir, name, "val", 0, shard_tokens),
@@ -287,6 +288,11 @@ def prepare(inputs, out_dir, encoding, name=DEFAULT_NAME, val_fraction=DEFAULT_V
         for writer in writers.values():
             for path in writer.paths:
                 path.unlink(missing_ok=True)
+        for folder in made:  # innermost first; a folder something else wrote into stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     return {"val": writers["val"], "train": writers["train"], "stats": stats}
 

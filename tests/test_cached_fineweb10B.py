@@ -1,9 +1,12 @@
 """Tests for data/cached_fineweb10B.py with a fake ``huggingface_hub.hf_hub_download`` (no network)."""
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants
 from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 import numpy as np
 import pytest
@@ -48,6 +51,7 @@ def fake_hub(monkeypatch):
     def install(behaviour=lambda name: "ok"):
         fake = FakeHub(behaviour)
         monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
+        monkeypatch.setattr(dl, "unreachable", lambda endpoint: None)  # the hub answers (no network used)
         return fake
     return install
 
@@ -132,6 +136,53 @@ def test_disk_full_is_not_called_a_network_error(tmp_path, fake_hub, capsys):
     assert dl.main(["1", "--dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert f"cannot write fineweb_val_000000.bin into {tmp_path}" in err and "cannot reach" not in err
+
+
+def test_offline_fails_at_once_before_any_download_or_folder(tmp_path, capsys, monkeypatch):
+    """No network: one sentence within the probe's time, not huggingface_hub's ~24 s of retries; nothing is
+    asked of the hub and no folder is made."""
+    fake = FakeHub()
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
+    calls = []
+
+    def no_network(address, timeout=None):
+        calls.append((address, timeout))
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    t0 = time.perf_counter()
+    assert dl.main(["1", "--dir", str(tmp_path / "fw")]) == 1
+    assert time.perf_counter() - t0 < 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the Hugging Face hub to download fineweb_val_000000.bin: "
+                          "huggingface.co:443: gaierror: [Errno -2] Name or service not known; check the network")
+    assert len(err.strip().splitlines()) == 1
+    assert calls == [(("huggingface.co", 443), dl.PROBE_TIMEOUT_S)] and fake.calls == []
+    assert not (tmp_path / "fw").exists()
+
+
+def test_no_lock_file_is_left_behind(tmp_path, capsys, monkeypatch):
+    """The real hf_hub_download in offline mode (HF_HUB_OFFLINE=1: no probe, no network) takes its lock file in
+    DIR/.cache/huggingface/download and fails; the lock is gone afterwards, and after a success too."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert dl.main(["1", "--dir", str(tmp_path)]) == 1
+    assert "cannot reach the Hugging Face hub to download fineweb_val_000000.bin" in capsys.readouterr().err
+    assert (tmp_path / ".cache" / "huggingface" / "download").is_dir(), "huggingface_hub's lock folder"
+    assert list(tmp_path.rglob("*.lock")) == []
+
+    def leaves_lock(repo_id, filename, *, repo_type=None, local_dir=None):
+        lock = Path(local_dir) / ".cache" / "huggingface" / "download" / f"{filename}.lock"
+        lock.touch()
+        write_shard(Path(local_dir) / filename, _tokens_for(filename))
+        return str(Path(local_dir) / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", leaves_lock)
+    assert dl.main(["1", "--dir", str(tmp_path)]) == 0
+    assert list(tmp_path.rglob("*.lock")) == []
 
 
 def test_unrelated_bug_keeps_its_traceback(tmp_path, fake_hub):

@@ -239,10 +239,23 @@ def test_empty_input_is_a_clear_error(tmp_path, capsys, setup):
         write(src / "x.bin", b"\x00\x01\x02")
     elif setup == "only_empty_jsonl":
         write(src / "x.jsonl", '\n{"text": ""}\n')
-    code, out, err = run([src, "--out", tmp_path / "out"], capsys)
+    code, out, err = run([src, "--out", tmp_path / "out" / "shards"], capsys)
     assert code == 1
     assert error_line(err).startswith(f"error: no documents found in {src}")
-    assert not list((tmp_path / "out").glob("*.bin"))
+    assert not (tmp_path / "out").exists(), "a failed run leaves no folder it created"
+
+
+def test_failure_keeps_an_output_folder_that_existed(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    out = tmp_path / "out"
+    write(out / "notes.txt", "mine")
+    code, _, err = run([tmp_path / "src", "--out", out], capsys)
+    assert code == 1 and "no documents found" in err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run([tmp_path / "src", "--out", empty], capsys)[0] == 1
+    assert empty.is_dir(), "a folder that existed before the run is not removed, even when empty"
 
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys):
@@ -264,7 +277,7 @@ def test_malformed_jsonl_names_file_and_line_and_leaves_no_shards(tmp_path, caps
                           "--shard-tokens", 4], capsys)
     assert code == 1
     assert re.match(rf"error: {re.escape(str(f))}:2: {match}", error_line(err)), err
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists(), "shards and the folder this run made are removed"
 
 
 def test_empty_split_is_an_error(tmp_path, capsys):
@@ -274,7 +287,7 @@ def test_empty_split_is_an_error(tmp_path, capsys):
     assert code == 1
     missing = "train" if expect_val else "val"
     assert f"no document fell into the {missing} split (1 documents" in err
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists(), "shards and the folder this run made are removed"
 
 
 def test_encoding_must_fit_uint16(tmp_path, capsys):

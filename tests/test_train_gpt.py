@@ -114,6 +114,8 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     assert first - last > 1.5, f"val loss fell only from {first} to {last}"
     for key in ("tokens_per_s_per_gpu:", "mfu:", "compile_warmup_s:", "stage_step_avg:", "val_tokens_used:"):
         assert key in sections[2]
+    assert sections[2].startswith(f"log_file: {log_path}\ncheckpoint_dir: {ckpt_dir}\n")
+    assert "run_failed" not in sections[2]
     assert (ckpt_dir / "step_000005" / "rank0.pt").is_file()
     assert (ckpt_dir / "step_000010" / "rank0.pt").is_file()
 
@@ -945,11 +947,13 @@ def test_supported_world_sizes(world):
     assert tg.check_world_size(world) == 8 // world
 
 
-def test_missing_data_names_the_download_command(tmp_path):
+def test_missing_data_names_the_download_command(tmp_path, capsys):
     argv = ["--smoke", "--train-files", str(tmp_path / "fineweb10B" / "fineweb_train_*.bin"),
             "--val-files", str(tmp_path / "fineweb10B" / "fineweb_val_*.bin"), "--log-dir", str(tmp_path)]
-    with pytest.raises(FileNotFoundError, match=r"python data/cached_fineweb10B\.py 9.*data/prepare_text\.py"):
+    with pytest.raises(SystemExit) as info:
         tg.main(argv)
+    assert info.value.code == 2
+    assert re.search(r"python data/cached_fineweb10B\.py 9.*data/prepare_text\.py", capsys.readouterr().err)
 
 
 def test_command_line_missing_data_is_one_message_not_a_traceback(tmp_path):
@@ -969,7 +973,7 @@ def _write_ids(path, ids):
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split):
+def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, capsys):
     """A shard with an id >= vocab_size (here the default 50304) is refused before any model is built: one
     line naming the file and the first bad position, exit code 2 (not an IndexError or a device assert)."""
     good = np.tile(np.array([50256, 10, 20, 30], dtype=np.uint16), 1000)
@@ -978,13 +982,17 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split):
     _write_ids(tmp_path / "t_train_000001.bin", good)
     _write_ids(tmp_path / "t_val_000000.bin", good)
     target = _write_ids(tmp_path / f"t_{split}_{'000002' if split == 'train' else '000001'}.bin", bad)
-    argv = ["--no-compile", "--train-files", str(tmp_path / "t_train_*.bin"),
-            "--val-files", str(tmp_path / "t_val_*.bin"), "--log-dir", str(tmp_path / "logs")]
+    argv = ["--smoke", "--no-vocab-from-data", "--vocab-size", "50304", "--bos-id", "50256",
+            "--train-files", str(tmp_path / "t_train_*.bin"), "--val-files", str(tmp_path / "t_val_*.bin"),
+            "--log-dir", str(tmp_path / "logs")]
     message = (f"{target}: token id 50304 at position 1234 is outside the model's vocabulary "
                f"(vocab_size 50304)")
     if split == "val":  # in process: the error is raised before anything is built
-        with pytest.raises(tg.ShardError, match=re.escape(message)):
+        with pytest.raises(SystemExit) as info:
             tg.main(argv)
+        assert info.value.code == 2
+        assert capsys.readouterr().err.startswith(f"train_gpt.py: error: {message}")
+        assert not (tmp_path / "logs").exists()
         return
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, str(Path(tg.__file__)), *argv], capture_output=True, text=True, env=env,
@@ -1079,11 +1087,8 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
 
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
-    hp = tg.smoke_hyperparameters()
-    params = tg.init_params(hp, torch.device("cpu"), 0)
-    d = tg.Dist(rank=0, world=2)
-    with pytest.raises(ValueError, match="written by 1 ranks, this run has 2"):
-        tg.load_checkpoint(ckpt_dir / "step_000005", params, None, d)
+    with pytest.raises(tg.CheckpointError, match="written by 1 ranks, this run has 2"):
+        tg.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
 
 
 def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
@@ -1161,16 +1166,21 @@ def test_generated_flags_set_their_fields():
     assert (hp.num_layers, hp.stages) == (smoke.num_layers, smoke.stages)
 
 
-@pytest.mark.parametrize("argv", [["--steps", "x"], ["--adam-lr", "fast"], ["--ve-tables", "0,a"],
-                                  ["--seed", "1.5"], ["--adam-every", "0"], ["--steps", "0"], ["--val-every", "-1"]])
-def test_bad_flag_value_is_one_line_exit_2(argv):
-    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *argv], capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=120)
-    assert res.returncode == 2
-    assert "Traceback" not in res.stderr
-    errors = [line for line in res.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and errors[0].startswith("train_gpt.py: error: argument --"), res.stderr
-    assert len(res.stderr.splitlines()) <= 3, "a bad value should not print the whole flag list"
+@pytest.mark.parametrize("argv, start", [
+    (["--steps", "x"], "argument --scheduled-steps/--steps"), (["--adam-lr", "fast"], "argument --adam-lr"),
+    (["--ve-tables", "0,a"], "argument --ve-tables"), (["--seed", "1.5"], "argument --seed"),
+    (["--adam-every", "0"], "--adam-every: must be >= 1"), (["--steps", "0"], "--steps: must be >= 1"),
+    (["--val-every", "-1"], "--val-every: must be >= 0")])
+def test_bad_flag_value_is_one_line_exit_2(argv, start, capsys):
+    """A value argparse cannot convert, or one check_settings refuses: one line naming the flag, exit code 2
+    (in process: main() raises SystemExit(2) after printing it)."""
+    with pytest.raises(SystemExit) as info:
+        tg.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"train_gpt.py: error: {start}"), err
+    assert len(err.splitlines()) <= 3, "a bad value should not print the whole flag list"
 
 
 def test_logged_sources_are_the_imported_project_modules(smoke_run):

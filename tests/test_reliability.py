@@ -1,0 +1,350 @@
+"""Tests of what train_gpt.py refuses and what it never loses: checkpoints written atomically and checked on load
+(a kill -9 inside a save, a damaged file), logs never overwritten (a taken --run-id), every setting checked before
+any file is opened (one line naming the flag, exit code 2), --resume refusing a checkpoint of another run,
+--vocab-from-data never taking a stray id for the document separator, a run that fails after its log opened
+marked in the log, and one printed error under torchrun. CPU; in process except where the process itself
+(a SIGKILL, torchrun's ranks) is what is tested.
+"""
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train_gpt as tg
+from data.shards import write_shard
+from test_train_gpt import _make_shard, _smoke_argv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Smoke shards (BOS 511, vocabulary 512): two training shards and a validation shard."""
+    d = tmp_path_factory.mktemp("rel_data")
+    _make_shard(d / "smoke_train_000001.bin", 60_000, 1)
+    _make_shard(d / "smoke_train_000002.bin", 60_000, 2)
+    _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
+    return d
+
+
+def _run_hp(data, *flags):
+    """The hyperparameters main() trains with for _smoke_argv(data, ...) plus flags (after fit_to_data)."""
+    hp = tg.hyperparameters_from(tg.parse_args(_smoke_argv(data, data, "x", *flags)))
+    return tg.fit_to_data(hp, tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+
+
+@pytest.fixture(scope="module")
+def ckpt(data, tmp_path_factory):
+    """A complete checkpoint (step 1, save_checkpoint of the initial model) of the run _smoke_argv(data, ...)
+    would start."""
+    hp, d = _run_hp(data), tg.Dist()
+    params = tg.init_params(hp, torch.device("cpu"), hp.seed)
+    return tg.save_checkpoint(tmp_path_factory.mktemp("rel_ckpt") / "run", 1, params, tg.Optimizer(hp, params, d),
+                              {"step": 1}, 0.0, d, hp)
+
+
+def _exit_2(argv, capsys):
+    """main(argv) must print one error line and exit with code 2; returns the line."""
+    with pytest.raises(SystemExit) as info:
+        tg.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("train_gpt.py: error: "), err
+    return err.strip()[len("train_gpt.py: error: "):]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checkpoints: atomic, checked on load
+
+
+def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(data, ckpt, tmp_path, capsys):
+    """A process killed (SIGKILL) while torch.save writes rank0.pt leaves the earlier checkpoints as they were
+    and no step_NNNNNN folder for the interrupted save, only step_NNNNNN.tmp; --sample and --resume on that
+    are one line each, and the complete checkpoint still loads."""
+    assert [p.name for p in ckpt.parent.iterdir()] == ["step_000001"], "a finished save leaves no .tmp"
+    run = tmp_path / "run"
+    shutil.copytree(ckpt, run / ckpt.name)
+    hp = _run_hp(data)
+    params = tg.init_params(hp, torch.device("cpu"), 0)
+    opt = tg.Optimizer(hp, params, tg.Dist())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: writes half of rank0.pt, says so, and waits to be killed
+        try:
+            os.close(r)
+            real_save = torch.save
+
+            def half_save(obj, f):
+                buf = io.BytesIO()
+                real_save(obj, buf)
+                f.write(buf.getvalue()[:len(buf.getvalue()) // 2])
+                f.flush()
+                os.write(w, b"x")
+                time.sleep(60)
+
+            torch.save = half_save
+            tg.save_checkpoint(run, 2, params, opt, {"step": 2}, 0.0, tg.Dist(), hp)
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"x", "the child did not reach torch.save"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+    assert sorted(p.name for p in run.iterdir()) == ["step_000001", "step_000002.tmp"]
+    assert 0 < (run / "step_000002.tmp" / "rank0.pt").stat().st_size
+    tmp = run / "step_000002.tmp"
+    assert _exit_2(["--sample", str(tmp)], capsys) == (f"{tmp} is an unfinished checkpoint (its run stopped "
+                                                       f"while saving it); use a step_NNNNNN folder")
+    out = tmp_path / "resumed"
+    assert "is an unfinished checkpoint" in _exit_2(_smoke_argv(data, out, "r", "--resume", str(tmp)), capsys)
+    assert not out.exists(), "a refused resume must not open a log"
+    tg.load_model(run / "step_000001", tg.Dist())
+
+
+def test_damaged_checkpoint_file_is_one_line_naming_it(data, ckpt, tmp_path, capsys):
+    """A rank file cut short after the save (the disk, a copy) is refused by --sample and --resume with one line
+    naming the file, not torch's "PytorchStreamReader failed" traceback; so is a file that is no checkpoint."""
+    folder = tmp_path / "step_000001"
+    shutil.copytree(ckpt, folder)
+    f = folder / "rank0.pt"
+    f.write_bytes(f.read_bytes()[:f.stat().st_size // 10])
+    line = _exit_2(["--sample", str(folder)], capsys)
+    assert line.startswith(f"{f}: damaged checkpoint file, torch.load failed ("), line
+    assert line == _exit_2(_smoke_argv(data, tmp_path, "r", "--resume", str(folder)), capsys)
+    torch.save([1, 2], f)
+    assert _exit_2(["--hellaswag", str(folder)], capsys) == (f"{f}: not a checkpoint of train_gpt.py (no "
+                                                             f"hyperparameters in it)")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Logs: never overwritten; the paths printed at start
+
+
+def test_taken_run_id_is_refused_and_its_log_kept(data, tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "old.txt").write_text("step:1/10 train_time:1ms\n")
+    line = _exit_2(_smoke_argv(data, tmp_path, "old"), capsys)
+    assert line.startswith(f"--run-id old is taken: {logs / 'old.txt'} exists"), line
+    assert (logs / "old.txt").read_text() == "step:1/10 train_time:1ms\n"
+    (tmp_path / "ckpt" / "other").mkdir(parents=True)
+    assert _exit_2(_smoke_argv(data, tmp_path, "other"), capsys).startswith(
+        f"--run-id other is taken: {tmp_path / 'ckpt' / 'other'} exists")
+    # The log itself is created, never truncated (a log made after the check, by another process).
+    with pytest.raises(FileExistsError):
+        tg.Logger(logs / "old.txt", True)
+    assert (logs / "old.txt").read_text() == "step:1/10 train_time:1ms\n"
+
+
+def test_run_failing_after_its_log_opened_is_marked_failed(data, tmp_path, capsys):
+    """Training shards too small for one batch fail in the first step, after the log opened: exit 2, and the
+    log (printed at the start with the checkpoint folder) ends with a run_failed: line."""
+    small = tmp_path / "small"
+    small.mkdir()
+    write_shard(small / "s_train_000001.bin", np.tile(np.array([511, 3, 4, 5], dtype=np.uint16), 100))
+    argv = _smoke_argv(data, tmp_path, "fails") + ["--train-files", str(small / "s_train_*.bin")]
+    with pytest.raises(SystemExit) as info:
+        tg.main(argv)
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    log = tmp_path / "logs" / "fails.txt"
+    assert f"log_file: {log}\ncheckpoint_dir: {tmp_path / 'ckpt' / 'fails'}\n" in out
+    assert err.startswith("train_gpt.py: error: training shards") and "too few documents" in err
+    assert log.read_text().splitlines()[-1].startswith("run_failed: ShardError: training shards")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Settings: each checked before any file is opened, one line naming the flag
+
+
+BAD_SETTINGS = [
+    (["--ve-tables", "0,1"], "--ve-tables: 2 entries for 4 layers"),
+    (["--ve-tables", "0,-2,-1,0"], "--ve-tables: layer 1 has table -2"),
+    (["--ve-tables", "1,-1,-1,1"], "--ve-tables: table 0 is used by no layer"),
+    (["--no-attn-layers", "3"], "--ve-tables: layer 3 has table 0 but no attention (--no-attn-layers)"),
+    (["--skip-from", "9"], "--skip-from: 9 is not a layer index (--num-layers 4: 0 .. 3)"),
+    (["--skip-to", "-1"], "--skip-to: -1 is not a layer index"),
+    (["--skip-from", "2", "--skip-to", "1"], "--skip-from 2 must come before --skip-to 1"),
+    (["--num-heads", "3"], "--num-heads 3 x --head-dim 32 must equal --model-dim 64"),
+    (["--num-heads", "1", "--head-dim", "64"], "--num-heads: paired heads need an even number, got 1"),
+    (["--model-dim", "60", "--head-dim", "30"], "--head-dim: must be a multiple of 4"),
+    (["--param-dtype", "foo"], "--param-dtype: 'foo' is not one of bfloat16, float32"),
+    (["--max-doc-len", "0"], "--max-doc-len: must be >= 1, got 0"),
+    (["--no-attn-layers", "99"], "--no-attn-layers: 99 is not a layer index"),
+    (["--no-attn-layers", "0,1,2,3", "--ve-tables=-1,-1,-1,-1"], "--no-attn-layers: lists every layer"),
+    (["--long-window-layers", "4"], "--long-window-layers: 4 is not a layer index"),
+    (["--paired-head-layers", "0,-1"], "--paired-head-layers: -1 is not a layer index"),
+    (["--backout-layer", "4"], "--backout-layer: 4 is not a layer index"),
+    (["--parallel-start", "5"], "--parallel-start: must be a layer index or 4"),
+    (["--cooldown-frac", "2"], "--cooldown-frac: must be in [0, 1], got 2.0"),
+    (["--untie-frac", "-0.5"], "--untie-frac: must be in [0, 1], got -0.5"),
+    (["--muon-momentum-min", "0.99"], "--muon-momentum-min 0.99 is above --muon-momentum-max 0.95"),
+    (["--adam-lr", "-1"], "--adam-lr: must be >= 0, got -1.0"),
+    (["--gate-dims", "65"], "--gate-dims: the gates read 65 dims"),
+    (["--val-micro-tokens", "100"], "--val-micro-tokens: must be a multiple of 128"),
+    (["--bigram-vocab-size", "1"], "--bigram-vocab-size: must be >= 2, got 1"),
+    (["--bos-id", "60000"], "--bos-id: 60000 is not a token id (0 .. 50256)"),
+    (["--no-vocab-from-data", "--bos-id", "600"], "--bos-id: 600 is not a token id (0 .. 511)"),
+    (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--run-id", "../elsewhere"], "--run-id '../elsewhere': use letters, digits"),
+    (["--sample", "ckpt", "--max-new-tokens", "-3"], "--max-new-tokens: must be >= 1, got -3"),
+    (["--sample", "ckpt", "--top-k", "-1"], "--top-k: must be >= 0, got -1"),
+    (["--sample", "ckpt", "--hellaswag", "ckpt"], "--sample and --hellaswag: give one of them"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_SETTINGS, ids=[" ".join(f) for f, _ in BAD_SETTINGS])
+def test_bad_setting_is_one_line_before_any_file(tmp_path, capsys, flags, message):
+    """The smoke config (4 layers, 2 heads of 32) with one bad setting and no data: check_settings refuses it
+    by name before the shards are looked for or anything is written."""
+    argv = _smoke_argv(tmp_path / "no_data", tmp_path, "run", *flags)
+    line = _exit_2(argv, capsys)
+    assert line.startswith(message), line
+    assert list(tmp_path.iterdir()) == [], "nothing may be written before the settings are checked"
+
+
+def test_full_model_without_cuda_is_refused_naming_smoke(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tg.torch.cuda, "is_available", lambda: False)
+    line = _exit_2(["--train-files", str(tmp_path / "t_*.bin"), "--log-dir", str(tmp_path / "logs")], capsys)
+    assert line.startswith("the full model needs a CUDA GPU and torch sees none; use --smoke"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_world_size_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    line = _exit_2(_smoke_argv(tmp_path, tmp_path, "w3"), capsys)
+    assert line.startswith("world size 3 is not supported") and "--nproc_per_node" in line, line
+
+
+def test_only_rank_0_prints_an_error(tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank fails alike; ranks other than 0 exit with code 2 silently (a bad value and a
+    refused setting alike)."""
+    monkeypatch.setenv("RANK", "1")
+    for flags in (["--steps", "x"], ["--steps", "0"]):
+        with pytest.raises(SystemExit) as info:
+            tg.main(_smoke_argv(tmp_path, tmp_path, "r1", *flags))
+        assert info.value.code == 2
+        assert capsys.readouterr().err == ""
+
+
+def test_torchrun_error_is_printed_once_without_our_traceback(tmp_path):
+    """Two gloo ranks under torchrun, both failing after the process group started (no training data): our line
+    once, exit code 2 as torchrun's root cause, no traceback from train_gpt.py (torchrun adds its own summary)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(REPO / "train_gpt.py"), *_smoke_argv(tmp_path / "none", tmp_path, "tr")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    text = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert text.count("train_gpt.py: error: no shard files match") == 1, text
+    assert 'train_gpt.py", line' not in text and "exitcode  : 2" in text, text
+
+
+def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
+    def help_text(argv):
+        with pytest.raises(SystemExit) as info:
+            tg.parse_args(argv)
+        assert info.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    smoke, full = help_text(["--smoke", "--help"]), help_text(["--help"])
+    assert "hyperparameters (defaults: the smoke config (--smoke))" in smoke
+    assert "transformer blocks (default: 4)" in smoke and "transformer blocks (default: 11)" in full
+    assert "(default: from the shards (--vocab-from-data))" in smoke and "--smoke --help shows" in full
+    for flag, after, default in (("--run-id RUN_ID", "--checkpoint-dir", "(default: date_time_random"),
+                                 ("--checkpoint-dir", "--log-dir", "(default: checkpoints)"),
+                                 ("--log-dir", "--resume", "(default: logs)"),
+                                 ("--prompt PROMPT", "--max-new-tokens", "(default: 'The')"),
+                                 ("--max-new-tokens", "--temperature", "(default: 32)")):
+        assert default in full.split(flag, 1)[1].split(after, 1)[0], flag
+    assert "1.75 x ln(vocab_size) = 18.9 at step 1" in full
+
+
+# ----------------------------------------------------------------------------------------------------
+# --resume: the checkpoint's settings or nothing
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--model-dim", "128", "--head-dim", "64"], "--model-dim is 64 in the checkpoint, 128 in this run"),
+    (["--steps", "12"], "--steps is 8 in the checkpoint, 12 in this run"),
+    (["--seed", "1"], "--seed is 0 in the checkpoint, 1 in this run"),
+    (["--no-smear"], "--smear is True in the checkpoint, False in this run"),
+])
+def test_resume_with_other_settings_is_refused_naming_the_first_field(data, ckpt, tmp_path, capsys, flags, field):
+    line = _exit_2(_smoke_argv(data, tmp_path, "r", "--resume", str(ckpt), *flags), capsys)
+    assert line == f"--resume {ckpt}: {field}; a resumed run keeps the checkpoint's settings", line
+    assert list(tmp_path.iterdir()) == [], "refused before the log opens"
+
+
+def test_resume_checks_world_size_and_allows_only_what_does_not_change_the_run(data, ckpt, tmp_path):
+    tg.check_resume(_run_hp(data, "--val-every", "1", "--save-every", "2", "--no-train-loss"), ckpt, tg.Dist())
+    with pytest.raises(tg.CheckpointError, match="the stage table \\(STAGES\\) differs from the checkpoint's"):
+        tg.check_resume(tg.dataclasses.replace(_run_hp(data), stages=tg.STAGES), ckpt, tg.Dist())
+    state = torch.load(ckpt / "rank0.pt", weights_only=False)
+    folder = tmp_path / "step_000001"
+    folder.mkdir()
+    torch.save({**state, "world_size": 2}, folder / "rank0.pt")
+    with pytest.raises(tg.CheckpointError, match="checkpoint written by 2 ranks, this run has 1"):
+        tg.check_resume(_run_hp(data), folder, tg.Dist())
+    missing = f"no checkpoint at {folder} (expected {folder / 'rank1.pt'})"
+    with pytest.raises(tg.CheckpointError, match=re.escape(missing)):
+        tg.check_resume(_run_hp(data), folder, tg.Dist(rank=0, world=2))
+
+
+# ----------------------------------------------------------------------------------------------------
+# --vocab-from-data: the separator from the documents, never a stray id
+
+
+def _docs(n_docs, bos=511, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.concatenate([[bos], rng.integers(0, 500, size=int(rng.integers(20, 80)))])
+                           for _ in range(n_docs)]).astype(np.uint16)
+
+
+@pytest.mark.parametrize("stray, every", [(60000, None), (50290, 500)])
+def test_id_outside_gpt2_is_an_error_naming_file_and_position(tmp_path, capsys, stray, every):
+    """A single id 60000, or 50290 every 500 tokens (above GPT-2's 50256 but below the padded 50304): once the
+    largest id became bos_id and the run trained with the wrong separator or failed later."""
+    tokens = _docs(400)
+    if every:
+        tokens[123::every] = stray
+    else:
+        tokens[123] = stray
+    write_shard(tmp_path / "d_train_000001.bin", tokens)
+    write_shard(tmp_path / "d_val_000000.bin", _docs(100, seed=1))
+    argv = ["--smoke", "--train-files", str(tmp_path / "d_train_*.bin"), "--val-files", str(tmp_path / "d_val_*.bin"),
+            "--log-dir", str(tmp_path / "logs"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--steps", "1", "--extension-steps", "0", "--val-every", "0"]  # short, should the check go missing
+    line = _exit_2(argv, capsys)
+    assert line == (f"{tmp_path / 'd_train_000001.bin'}: token id {stray} at position 123 is outside GPT-2's "
+                    f"vocabulary of 50257 ids (--vocab-from-data); were these shards made with another tokenizer?")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_separator_is_the_documents_first_token_not_the_largest_id(tmp_path):
+    train, val = tmp_path / "t.bin", tmp_path / "v.bin"
+    tokens = _docs(200)
+    tokens[77] = 600  # a stray id above the separator, inside GPT-2's range
+    write_shard(train, tokens)
+    write_shard(val, _docs(50, seed=1))
+    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
+    assert (hp.bos_id, hp.vocab_size) == (511, 640)
+    # stated on the command line: used as given (here shards that do not start with a document)
+    write_shard(train, tokens[5:])
+    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val], bos_id=511)
+    assert (hp.bos_id, hp.vocab_size) == (511, 640)
+    message = f"{val}: starts with token id 511, but {train} starts with {int(tokens[5])}: "
+    with pytest.raises(tg.ShardError, match=re.escape(message) + ".* state it with --bos-id$"):
+        tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
