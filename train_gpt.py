@@ -2549,10 +2549,10 @@ def sample(args, d):
 PARAM_DTYPES = ("bfloat16", "float32")  # what the kernels and their tests cover
 # Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
 HP_RANGES = {
-    "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "max_doc_len": (1, None),
+    "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "final_long_window": (1, None),
     "num_layers": (1, None), "model_dim": (1, None), "num_heads": (1, None), "head_dim": (4, None),
     "mlp_dim": (1, None), "gate_dims": (1, None), "vocab_size": (1, None), "bigram_vocab_size": (2, None),
-    "cooldown_frac": (0, 1), "cooldown_floor": (0, None), "untie_frac": (0, 1), "muon_lr": (0, None),
+    "cooldown_frac": (0, 1), "cooldown_floor": (0, None), "untie_stage": (0, None), "muon_lr": (0, None),
     "muon_momentum_min": (0, 1), "muon_momentum_max": (0, 1), "muon_warmup_steps": (0, None),
     "muon_cooldown_steps": (0, None), "muon_beta2": (0, 1), "muon_wd": (0, None), "mlp_proj_lr_mul": (0, None),
     "adam_lr": (0, None), "adam_wd": (0, None), "adam_every": (1, None), "profile_steps": (0, None),
@@ -2589,6 +2589,10 @@ def check_settings(hp, args, world, cuda):
         bounded(name, getattr(hp, name), lo, hi)
     for name, (lo, hi) in ARG_RANGES.items():
         bounded(name, getattr(args, name), lo, hi)
+    if hp.untie_stage >= len(hp.stages) or not any(
+            slow_adam_step(hp, s) for s in range(stage_bounds(hp)[hp.untie_stage][0], hp.total_steps)):
+        raise SettingsError(f"--untie-stage: {hp.untie_stage} is not a stage with an Adam step to untie after (the "
+                            f"stage table has {len(hp.stages)} stages)")
     L = hp.num_layers
 
     def layer(name, i):
