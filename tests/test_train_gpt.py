@@ -540,6 +540,25 @@ def test_profile_table_categorises_kernels():
     assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
 
 
+def test_profile_table_reports_communication_overlap():
+    """The communication line: busy = the union of the communication kernels' intervals (two collectives that
+    overlap each other count once), overlapped = the part of it during which another kernel runs (another
+    stream), exposed = the rest; records/compare.py, the one parser of the log, reads it back."""
+    ms = 1000.0
+    kernels = [("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100 * ms),
+               ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50 * ms, 150 * ms),  # 50 ms under the GEMM
+               ("ncclDevKernel_AllGather_RING_LL", 140 * ms, 160 * ms),            # overlaps the reduce-scatter
+               ("triton_poi_fused_add_mul_0", 155 * ms, 170 * ms),                  # 5 ms over the all-gather
+               ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200 * ms, 210 * ms)]     # alone
+    lines, _ = tg.profile_table(kernels, wall_us=300 * ms, n_steps=1)
+    assert "  communication: busy 120.00 ms, overlapped 55.00 ms (45.8%), exposed 65.00 ms" in lines
+    assert lines[-1].startswith("  by category: communication 130.00 ms")  # a sum: their 10 ms overlap twice
+    run = compare.parse_log_text("\n".join(["=" * 100, "profile_stage0: steps 0..0, trace t.json", *lines,
+                                             "step:1/1 train_time:300ms step_avg:300.00ms"]))
+    assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
+    assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
+
+
 def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):
     """--profile-steps 1 on a 2-step smoke run (two stages of one step): a trace per stage and a table in the log,
     then the same loss lines as the same run without profiling (the profiled steps are followed by a reset)."""

@@ -1,5 +1,6 @@
-"""World sizes 1, 2, 4 and 8 on the CPU (gloo through torchrun; no GPU needed): the same math, and the gradient
-reduce-scatters started during the backward in one order on every rank. One launch per world size runs
+"""World sizes 1, 2, 4 and 8 on the CPU (gloo through torchrun; no GPU needed): the same math, the gradient
+reduce-scatters started during the backward in one order on every rank, and the command that compares world
+sizes side by side (records/world_sizes.py) on 1 and 2. One launch per world size runs
 tests/world_size_worker.py (three optimizer steps and a validation of a small smoke model, every rank
 recording its micro-gradients, reduced rows, optimizer shards, losses, parameters and the order of its hooks
 and collectives); the tests below read those records.
@@ -11,6 +12,7 @@ its reduce-scatter delivers, the logged losses differ from world size 1's by at 
 and, with the reductions done in world size 1's order (the worker), the parameters after three steps are
 world size 1's bit for bit.
 """
+import importlib.util
 import json
 import math
 import os
@@ -28,17 +30,24 @@ import train_gpt as tg
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "world_size_worker.py"
+# records/ is a folder of records, not a package: load the command (and, through it, compare.py) by path.
+_spec = importlib.util.spec_from_file_location("records_world_sizes", REPO / "records" / "world_sizes.py")
+world_sizes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(world_sizes)
 WORLD_SIZES = (1, 2, 4, 8)
 # The smoke model with three layers instead of four: its Muon banks then hold 12 and 6 matrices, so at world
 # sizes 4 and 8 their shards are padded (and some ranks hold no matrix at all), not only the small Adam tensors.
 SMALL = {"num_layers": 3, "ve_tables": [0, -1, 0], "long_window_layers": [1, 2]}
 
 
+# The CPU: GPUs hidden, one thread per rank (2 cores run 8 ranks).
+CPU_ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+
+
 def _torchrun(nproc, script, *argv, timeout=300):
-    """``script`` on ``nproc`` gloo ranks of this machine's CPU (GPUs hidden, one thread per rank)."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    """``script`` on ``nproc`` gloo ranks of this machine's CPU."""
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(script), *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True,
+                          str(script), *map(str, argv)], cwd=REPO, env=CPU_ENV, capture_output=True, text=True,
                          timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
@@ -207,3 +216,66 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
                 mine = [e[1:] if kind == "collective" else (e[1], e[3]) for e in rec["events"] if e[0] == kind]
                 ref = [e[1:] if kind == "collective" else (e[1], e[3]) for e in recs[0]["events"] if e[0] == kind]
                 assert mine == ref, f"world size {world}: rank {r}'s {kind} sequence differs from rank 0's"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The comparison command: records/world_sizes.py
+
+
+def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
+    """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps at world sizes 1 and 2
+    (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step and, per profiled
+    stage, the communication time per step (none at world size 1; the gloo collectives at 2), its overlapped
+    share and exposed time (busy = overlapped + exposed). The first step's train loss (before any update) is
+    the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each as
+    printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
+    train, val = ws_data
+    flags = ["--smoke", "--train-files", train, "--val-files", val, "--steps", "2", "--extension-steps", "0",
+             "--val-every", "0"]
+    res = subprocess.run([sys.executable, str(REPO / "records" / "world_sizes.py"), "--nproc", "1,2", "--out",
+                          str(tmp_path), "--run-id", "cmp", "--profile-steps", "1", "--json", "--", *flags],
+                         cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = json.loads(res.stdout)
+    assert [r["world_size"] for r in rows] == [1, 2] and all(r["exit_code"] == 0 and not r["problem"] for r in rows)
+    for r in rows:
+        assert r["log"] == str(tmp_path / f"cmp_ws{r['world_size']}.txt") and r["tokens_per_s_per_gpu"] > 0
+        assert set(r["stage_ms"]) == {"0", "1"} and all(v > 0 for v in r["stage_ms"].values())
+        assert set(r["profile"]) == {"0", "1"}
+        for p in r["profile"].values():
+            assert p["wall_ms"] > 0 and 0 <= p["comm_exposed_ms"] <= p["comm_ms"]
+            if r["world_size"] == 1:
+                assert p["comm_ms"] == 0 and p["comm_overlapped"] is None
+            else:
+                assert p["comm_ms"] > 0 and 0 <= p["comm_overlapped"] <= 1
+                # busy - overlapped = exposed, up to the rounding of the three as logged (0.005 ms each)
+                assert abs(p["comm_ms"] * (1 - p["comm_overlapped"]) - p["comm_exposed_ms"]) <= 0.015 + 1e-9
+    (s1, a), (s2, b) = (world_sizes.parse_log(r["log"]).train_losses[0] for r in rows)
+    assert s1 == s2 == 1
+    bound = 2 * gamma(tg.SLOTS - 1) * max(a, b) / (1 - gamma(tg.SLOTS - 1)) + 1e-6
+    assert_close_report(torch.tensor(a), torch.tensor(b), atol=bound, name="train loss of the first step")
+
+    assert world_sizes.main(["--logs", *(r["log"] for r in rows)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| | world size 1 | world size 2 |" and table[1] == "| --- | --- | --- |"
+    cells = {}
+    for line in table[2:]:
+        name, *values = (c.strip() for c in line.strip("|").split("|"))
+        cells[name] = values
+    tok = [r["tokens_per_s_per_gpu"] for r in rows]
+    assert cells["tokens/s per GPU"] == [f"{t:.0f}" for t in tok]
+    assert cells["per GPU vs world size 1"] == ["1.00", f"{tok[1] / tok[0]:.2f}"]
+    for stage in ("0", "1"):
+        assert cells[f"stage{stage} ms/step"] == [f"{r['stage_ms'][stage]:.2f}" for r in rows]
+        assert cells[f"stage{stage} comm ms/step"] == [f"{r['profile'][stage]['comm_ms']:.2f}" for r in rows]
+        share = rows[1]["profile"][stage]["comm_overlapped"]
+        assert cells[f"stage{stage} comm overlapped"] == ["?", f"{100 * share:.1f}%"]  # no collective at 1
+
+
+def test_world_sizes_table_marks_a_failed_run(tmp_path):
+    """A run that failed (no log): its column says so and every number is unknown; the exit status is 1."""
+    rows = [world_sizes.summary(tmp_path / "missing.txt", code=1)]
+    text = world_sizes.table(rows)
+    assert text.splitlines()[0].startswith("| | world size ? (failed: exit code 1, cannot read")
+    assert "| tokens/s per GPU | ? |" in text
+    assert world_sizes.main(["--logs", str(tmp_path / "missing.txt")]) == 1
