@@ -81,8 +81,8 @@ other; a division of both by the same number adds one rounding, u relative, to e
 dropped or counted twice (off by |x_i|, far above gamma_{n-1} sum |x| unless x_i is itself below the bound),
 another row's or rank's sum, a wrong scale. The bound is for one sum of given terms. It does not carry through
 an optimizer step: Adam's first update is lr * g / (|g| + eps) ~ lr * sign(g), and an element whose terms
-cancel to below the bound takes either sign in another order (measured: after 3 steps of the smoke model at
-world size 8, value-embedding weights 3.1 away from world size 1's, with lr 1.5); so tests/test_world_sizes.py
+cancel to below the bound takes either sign in another order (measured: after 3 steps of the fp32 smoke model
+at world size 8, value-embedding weights 3.1 away from world size 1's, with lr 1.5); so tests/test_world_sizes.py
 checks each reduced gradient against this bound and, with the reduction done in world size 1's order, the
 parameters bit for bit.
 
