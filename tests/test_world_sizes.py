@@ -97,8 +97,10 @@ def _rows(t, world, rank):
 
 def test_every_slot_has_world_size_1s_micro_gradient(ranks):
     """The slot split and the loss scale: in every step, the micro-gradient of slot i is bitwise the one world
-    size 1 computes for slot i (same parameters, same micro-batch, same code). A rank that takes other slots
-    or scales its loss by its own micro-step count (1/(8/W)) instead of the global batch's (1/8) fails."""
+    size 1 computes for slot i: the same code on the same micro-batch and parameters (world size 1's at every
+    step: the worker reduces in its order), one thread per rank (deterministic CPU kernels). A rank that takes
+    other slots or scales its loss by its own micro-step count (1/(8/W)) instead of the global batch's (1/8)
+    fails."""
     base = ranks[1]
     for world in WORLD_SIZES[1:]:
         for step in _steps(base):
