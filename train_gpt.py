@@ -2246,7 +2246,9 @@ def busy_us(intervals):
 
 def profile_table(kernels, wall_us, n_steps, top=PROFILE_TOP):
     """Lines of the profile summary. kernels: [(name, start_us, end_us)] of the device (or, on the CPU, the
-    top-level operators); wall_us: wall time of the n_steps profiled steps. Idle = wall - busy (union)."""
+    top-level operators); wall_us: wall time of the n_steps profiled steps. Idle = wall - busy (union).
+    Communication overlap: of the time some communication kernel runs (the union of their intervals), the part
+    during which another kernel runs too (hidden behind compute) and the rest (exposed: only collectives run)."""
     per_name, per_cat = {}, {c: 0.0 for c, _ in PROFILE_CATEGORIES}
     per_cat["elementwise/other"] = 0.0
     for name, a, b in kernels:
@@ -2260,6 +2262,11 @@ def profile_table(kernels, wall_us, n_steps, top=PROFILE_TOP):
     for name, (t, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"  {t / 1e3:9.3f} {100 * t / max(wall_us, 1e-9):6.1f} {n:6d}  {kernel_category(name):<18} "
                      f"{name[:100]}")
+    comm = busy_us([(a, b) for name, a, b in kernels if kernel_category(name) == "communication"])
+    other = busy_us([(a, b) for name, a, b in kernels if kernel_category(name) != "communication"])
+    overlap = max(comm + other - busy, 0.0)  # |C and K| = |C| + |K| - |C or K|
+    lines.append(f"  communication: busy {comm / 1e3:.2f} ms, overlapped {overlap / 1e3:.2f} ms "
+                 f"({100 * overlap / max(comm, 1e-9):.1f}%), exposed {(comm - overlap) / 1e3:.2f} ms")
     per_cat["idle"] = max(wall_us - busy, 0.0)
     lines.append("  by category: " + "  ".join(f"{c} {t / 1e3:.2f} ms ({100 * t / max(wall_us, 1e-9):.1f}%)"
                                                for c, t in per_cat.items()))

@@ -21,7 +21,12 @@ step lines; anything missing is reported as unknown (``?`` in Markdown, ``null``
 * This project's ``train_gpt.py``: the concatenated sources (each file begins ``# ===== file: <relpath> =====``),
   then ``key: value`` header lines (``git_sha``, ``python``, ``torch``, ``triton``, ``cuda``,
   ``gpu: NVIDIA H200 x 1``, ``world_size``, ``corpus``, ``hyperparameters: {json}``) as well as the public-style
-  lines above, and at the end ``tokens_per_s_per_gpu: N``, ``mfu: P%``, ``compile_warmup_s: S``.
+  lines above, and at the end ``tokens_per_s_per_gpu: N``, ``mfu: P%``, ``compile_warmup_s: S``,
+  ``stage_step_avg: stage0:X ms stage1:Y ms ...`` (the mean step time of each stage, validation excluded). With
+  ``--profile-steps``, before the steps, per profiled stage: ``profile_stageI: steps A..B, trace ...``, then
+  ``profile: N steps, wall W ms, busy B ms ...``, the kernel rows, ``  communication: busy C ms, overlapped O ms
+  (P%), exposed E ms`` (logs from 2026-11-26 on) and ``  by category: NAME T ms (P%)  NAME T ms (P%) ...``
+  (times are totals over the N profiled steps of rank 0).
 
 Step lines: ``step:125/1385 val_loss:4.3930 train_time:14290ms step_avg:124.26ms`` (validation) and
 ``step:126/1385 [train_loss:X ]train_time:14311ms step_avg:123.37ms`` (training; ``train_loss`` only in older
@@ -121,6 +126,12 @@ def parse_step_line(line):
 
 
 PEAK_MEM_RE = re.compile(r"^peak memory allocated: (\d+) MiB reserved: (\d+) MiB\s*$")
+STAGE_AVG_RE = re.compile(rf"^stage(\d+):({_NUM})ms$")
+PROFILE_STAGE_RE = re.compile(r"^profile_stage(\d+): steps (\d+)\.\.(\d+)")
+PROFILE_HEAD_RE = re.compile(rf"^profile: (\d+) steps, wall ({_NUM}) ms, busy ({_NUM}) ms")
+PROFILE_COMM_RE = re.compile(rf"^  communication: busy ({_NUM}) ms, overlapped ({_NUM}) ms \(({_NUM})%\), "
+                             rf"exposed ({_NUM}) ms")
+PROFILE_CATEGORY_RE = re.compile(rf"([a-z/]+) ({_NUM}) ms \(({_NUM})%\)")
 RUNNING_PYTHON_RE = re.compile(r"^Running Python (\S+)")
 RUNNING_TORCH_RE = re.compile(r"^Running PyTorch (\S+) compiled for CUDA (\S+)")
 SMI_GPU_RE = re.compile(r"^\|\s+\d+\s+(NVIDIA .+?)\s+(?:On|Off)\s+\|")
@@ -160,6 +171,10 @@ class Run:
     tokens_per_s_per_gpu: float | None = None
     mfu_pct: float | None = None
     compile_warmup_s: float | None = None
+    stage_step_avg_ms: dict = field(default_factory=dict)  # {stage index: mean step ms} (stage_step_avg line)
+    # {stage index: {"steps", "wall_ms", "busy_ms", "categories": {name: ms}, "communication": {"busy_ms",
+    # "overlapped_ms", "exposed_ms"}}}: the --profile-steps tables (totals over the profiled steps)
+    profile: dict = field(default_factory=dict)
     hellaswag_acc_norm: float | None = None  # HellaSwag acc_norm of the evaluation line at the final step
     val_curve: list = field(default_factory=list)     # [(step, train_time_ms, val_loss)]
     hellaswag_curve: list = field(default_factory=list)  # [(step, acc_norm)], logs with evaluation lines
@@ -218,6 +233,7 @@ def parse_log_text(text, path="<text>"):
     smi_gpus = []
     header_done = False
     cut_lines = 0
+    profile = None  # the --profile-steps table being read
     for line in body:
         if line.startswith("step:"):
             header_done = True
@@ -236,6 +252,18 @@ def parse_log_text(text, path="<text>"):
         match = PEAK_MEM_RE.match(line)
         if match:
             run.peak_mem_allocated_mib, run.peak_mem_reserved_mib = int(match.group(1)), int(match.group(2))
+            continue
+        if line.startswith("stage_step_avg:"):
+            for item in line.split()[1:]:
+                match = STAGE_AVG_RE.match(item)
+                if match:
+                    run.stage_step_avg_ms[int(match.group(1))] = _float(match.group(2))
+            continue
+        match = PROFILE_STAGE_RE.match(line)
+        if match:
+            profile = run.profile.setdefault(int(match.group(1)), {})
+            continue
+        if profile is not None and _profile_line(profile, line):
             continue
         match = KEY_VALUE_RE.match(line)
         if match and match.group("key") in FOOTER_KEYS:
@@ -270,6 +298,25 @@ def parse_log_text(text, path="<text>"):
         run.gpu_count = run.world_size if run.world_size is not None else len(smi_gpus)
     _fill_steps(run, step_matches)
     return run
+
+
+def _profile_line(profile, line):
+    """Read one line of a --profile-steps table into ``profile`` (see Run.profile); False if it is none of its
+    summary lines (the kernel rows are not kept: the trace has them)."""
+    match = PROFILE_HEAD_RE.match(line)
+    if match:
+        profile.update(steps=int(match.group(1)), wall_ms=_float(match.group(2)), busy_ms=_float(match.group(3)))
+        return True
+    match = PROFILE_COMM_RE.match(line)
+    if match:
+        profile["communication"] = dict(busy_ms=_float(match.group(1)), overlapped_ms=_float(match.group(2)),
+                                        exposed_ms=_float(match.group(4)))
+        return True
+    if line.startswith("  by category: "):
+        profile["categories"] = {m.group(1): _float(m.group(2))
+                                 for m in PROFILE_CATEGORY_RE.finditer(line[len("  by category: "):])}
+        return True
+    return False
 
 
 def _set_header_field(run, key, value):

@@ -515,3 +515,33 @@ def test_seeds_may_differ_but_other_hyperparameters_may_not(tmp_path, capsys):
     write_log(tmp_path / "g" / "c.txt", 3.2720, 102000, seed=2, lr=0.03)
     rc, out, _ = run_main([tmp_path / "g"], capsys)
     assert "mixed hyperparameters (2 distinct settings)" in out
+
+
+def test_stage_times_and_profile_tables_parsed(tmp_path):
+    """stage_step_avg and the --profile-steps tables (train_gpt.py's lines, rank 0): per stage the mean step time;
+    per profiled stage the steps, wall and busy time, the categories and the communication line (busy,
+    overlapped, exposed), which logs before 2026-11-26 lack (stage 1 here)."""
+    text = Path(write_log(tmp_path / "a.txt", 3.2, 60000)).read_text()
+    head, events = text.rsplit(SEP + "\n", 1)
+    profile = [
+        "profile_stage0: steps 0..2, trace logs/a_profile_stage0_rank0.json",
+        "profile: 3 steps, wall 750.00 ms, busy 700.50 ms (per step: 250.00 ms)",
+        "   total ms  %wall  calls  category           kernel",
+        "    300.000   40.0     33  matmul             nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+        "  communication: busy 90.00 ms, overlapped 60.00 ms (66.7%), exposed 30.00 ms",
+        "  by category: communication 95.00 ms (12.7%)  optimizer 40.00 ms (5.3%)  attention 100.00 ms (13.3%)  "
+        "matmul 300.00 ms (40.0%)  elementwise/other 170.00 ms (22.7%)  idle 49.50 ms (6.6%)",
+        "profile_stage1: steps 3..3, trace logs/a_profile_stage1_rank0.json",
+        "profile: 1 steps, wall 400.00 ms, busy 390.00 ms (per step: 400.00 ms)",
+        "  by category: communication 0.00 ms (0.0%)  idle 10.00 ms (2.5%)",
+    ]
+    footer = "stage_step_avg: stage0:250.40ms stage1:410.25ms stage2:nanms"
+    run = compare.parse_log_text(head + SEP + "\n" + "\n".join(profile) + "\n" + events + footer + "\n")
+    assert run.stage_step_avg_ms == {0: 250.40, 1: 410.25, 2: None}
+    assert run.profile[0] == {"steps": 3, "wall_ms": 750.0, "busy_ms": 700.5,
+                              "communication": {"busy_ms": 90.0, "overlapped_ms": 60.0, "exposed_ms": 30.0},
+                              "categories": {"communication": 95.0, "optimizer": 40.0, "attention": 100.0,
+                                             "matmul": 300.0, "elementwise/other": 170.0, "idle": 49.5}}
+    assert run.profile[1] == {"steps": 1, "wall_ms": 400.0, "busy_ms": 390.0,
+                              "categories": {"communication": 0.0, "idle": 10.0}}
+    assert run.usable and run.tokens_per_s_per_gpu == 812345

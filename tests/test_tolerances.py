@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from tolerances import (E5M2_FP32_ULPS, assert_all_written, assert_close_report, assert_elementwise,
-                        assert_matches_torch, assert_rounded_e5m2, max_abs_err, nan_like, shifted_randn, ulp_e5m2)
+                        assert_matches_torch, assert_rounded_e5m2, assert_sum_in_any_order,
+                        assert_two_sums_in_any_order, gamma, max_abs_err, nan_like, shifted_randn, ulp_e5m2)
 
 
 def test_rule1_accepts_torch_level_error_and_rejects_a_bug():
@@ -134,3 +135,35 @@ def test_rule3_fp32_allowance_and_overflow():
     assert_rounded_e5m2(torch.tensor([1.0, float("nan")]).to(torch.float8_e5m2), nan_ref, torch.ones(2))
     with pytest.raises(AssertionError, match="NaN mismatch"):
         assert_rounded_e5m2(torch.tensor([float("nan"), 2.0]).to(torch.float8_e5m2), nan_ref, torch.ones(2))
+
+
+def test_rule4_accepts_any_summation_order_and_rejects_a_lost_term():
+    """16 fp32 terms that nearly cancel (the gradient rows of 8 micro-steps and their transposed embedding): the
+    sums in order, reversed and as a pairwise tree (a ring all-reduce) all pass; a sum missing one term or
+    counting one twice fails, as does a value where every term is zero (a padding row)."""
+    g = torch.Generator().manual_seed(0)
+    base = shifted_randn(16, 300, generator=g, mean=0.0, std=1.0)
+    terms = [t for t in base - base.mean(0)]  # the sum nearly cancels: judged at the terms' scale
+
+    def fold(ts):
+        acc = torch.zeros_like(ts[0])
+        for t in ts:
+            acc = acc + t
+        return acc
+
+    def tree(ts):
+        return ts[0] if len(ts) == 1 else tree(ts[:len(ts) // 2]) + tree(ts[len(ts) // 2:])
+
+    for order in (fold(terms), fold(terms[::-1]), tree(terms), tree(terms[5:] + terms[:5])):
+        assert_sum_in_any_order(order, terms)
+    assert_two_sums_in_any_order(fold(terms), tree(terms), 16, torch.stack(terms).abs().sum(0))
+    with pytest.raises(AssertionError, match="by more than gamma_15"):
+        assert_sum_in_any_order(fold(terms[:-1]), terms)
+    with pytest.raises(AssertionError, match="by more than gamma_15"):
+        assert_sum_in_any_order(fold(terms + terms[3:4]), terms)
+    padded = [torch.cat([t, torch.zeros(2)]) for t in terms]
+    off = torch.cat([fold(terms), torch.tensor([0.0, 1e-30])])
+    with pytest.raises(AssertionError, match=r"1 of 302 elements .* worst at \[301\]"):
+        assert_sum_in_any_order(off, padded)
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_two_sums_in_any_order(1.0, 1.0 + 16 * gamma(7), 8, 1.0)

@@ -1,5 +1,5 @@
-"""Tests of train_gpt.py: smoke run end to end (loss falls, log format, checkpoint, bitwise resume), world
-size 1 vs 2 (gloo, the only multi-rank check CI can run), exact gradient accumulation, the flat forward
+"""Tests of train_gpt.py: smoke run end to end (loss falls, log format, checkpoint, bitwise resume), exact
+gradient accumulation (world sizes 2, 4 and 8 on gloo: tests/test_world_sizes.py), the flat forward
 against a plain per-layer reference, the document boundaries and the GPU attention op, the data loader's rank split, the
 schedule, and the error messages. CPU: the model runs eagerly, the kernels in Triton's interpreter.
 """
@@ -140,33 +140,6 @@ def test_resume_reproduces_uninterrupted_run(smoke_run, smoke_data, tmp_path):
                 assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs"
 
 
-def _run_on_cpu(data, out, run_id, nproc):
-    """train_gpt.py --smoke through torchrun with gloo on the CPU (GPUs hidden); returns the log path."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(REPO / "train_gpt.py"), *_smoke_argv(data, out, run_id)]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out / "logs" / f"{run_id}.txt"
-
-
-def test_world_size_2_matches_1(smoke_run, smoke_data, tmp_path):
-    """Two gloo ranks on the CPU (torchrun) against the single-process run: same global batches, so the same
-    losses up to fp32 summation order of the gradient reduction (observed ~1e-6; bf16 rounding of a weight
-    can amplify one such difference, hence 2e-4 on losses of ~3-6: a wrong split, scale or shard is >1e-2)."""
-    out, log_path, _ = smoke_run
-    if HAS_CUDA:  # the shared smoke run used the GPU; the gloo comparison needs a CPU baseline
-        log_path = _run_on_cpu(smoke_data, tmp_path, "ws1", nproc=1)
-    _, steps1, vals1 = _parse(log_path)
-    text, steps2, vals2 = _parse(_run_on_cpu(smoke_data, tmp_path, "ws2", nproc=2))
-    assert "world_size: 2" in text
-    assert sorted(steps2) == sorted(steps1) and sorted(vals2) == sorted(vals1)
-    for s in steps1:
-        assert abs(float(steps1[s]) - float(steps2[s])) <= 2e-4, f"step {s}: {steps1[s]} vs {steps2[s]}"
-    for s in vals1:
-        assert abs(float(vals1[s]) - float(vals2[s])) <= 2e-4, f"val {s}: {vals1[s]} vs {vals2[s]}"
-
-
 @pytest.mark.skipif(not HAS_CUDA, reason="--deterministic is a GPU promise (compiled model, Triton kernels)")
 def test_deterministic_gpu(tmp_path):
     """Two runs with --deterministic of the compiled smoke model on GPT-2-sized ids (vocabulary 50304, so the
@@ -233,8 +206,8 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     gradient of the MEAN micro-batch loss over the global batch (autograd of that mean, computed here), and the
     train_loss it returns is that mean. At step 0 the near-uniform initial head puts it within 0.05 of ln(vocab)
     times the mean multi-token weight of a row
-    (a loss scaled by 8, or summed instead of averaged, is off by a factor). World size 2: the gloo test above
-    holds its train_loss lines to these within 2e-4."""
+    (a loss scaled by 8, or summed instead of averaged, is off by a factor). World sizes 2, 4 and 8 compute
+    world size 1's micro-gradients and losses (tests/test_world_sizes.py)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
@@ -279,75 +252,6 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
             continue
         assert_close_report(accs[k].view_as(g), g, atol=1e-5 * scale, name=f"accumulated grad {k}")
     assert any(g is not None and g.abs().max() > 0 for g in grads.values())
-
-
-_WS2_GRADIENT_SCRIPT = """
-import sys
-import torch
-import torch.distributed as dist
-sys.path.insert(0, {repo!r})
-import train_gpt as tg
-
-d = tg.setup_distributed()
-hp = tg.smoke_hyperparameters(param_dtype="float32", train_files={train!r}, val_files={val!r})
-tr = tg.Trainer(hp, d, tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
-names = {{g.acc.data_ptr(): n for n, g in tr.opt.groups.items()}}
-shards, reduce_scatter_sum = {{}}, tg.reduce_scatter_sum
-
-def capture(dd, full):  # the summed gradient rows this rank's optimizer receives
-    work, shard = reduce_scatter_sum(dd, full)
-    if work is not None:
-        work.wait()
-    shards[names[full.data_ptr()]] = shard.clone()
-    return None, shard
-
-tg.reduce_scatter_sum = capture
-tied = tr.opt.tied
-loss = tr.train_step(0, want_loss=True)
-tr.loader.close()
-torch.save({{"loss": loss, "shards": shards, "tied": tied}}, {out!r} + f"/rank{{d.rank}}.pt")
-dist.destroy_process_group()
-"""
-
-
-def test_world_size_2_gradient_shards_are_the_global_batch_mean(smoke_data, tmp_path):
-    """Two gloo ranks (torchrun, CPU, fp32): the gradient rows each rank's optimizer receives after the
-    reduce-scatter of step 0 are its rows of the gradient of the MEAN loss over the whole global batch (8
-    micro-batches, autograd here in one process), padded rows zero; the logged train_loss is that mean. While
-    tied, the LM head's rows carry the embedding's gradient transposed into them. A rank that scaled by its own
-    4 micro-steps instead of 8, kept only its own micro-batches, or took another rank's rows fails."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"))
-    script = tmp_path / "ws2_gradients.py"
-    script.write_text(_WS2_GRADIENT_SCRIPT.format(repo=str(REPO), train=hp.train_files, val=hp.val_files,
-                                                  out=str(tmp_path)))
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-
-    tr = tg.Trainer(hp, tg.Dist(), tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
-    mbs = tr.loader.next()
-    tr.loader.close()
-    names = list(tr.params)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}, tr.mtp[0]) for mb in mbs]
-    mean = sum(losses) / len(losses)
-    grads = dict(zip(names, torch.autograd.grad(mean, [tr.params[k] for k in names], allow_unused=True)))
-    assert ranks[0]["tied"] and ranks[1]["tied"]
-    grads["lm_head"] = grads["lm_head"] + grads["embed"].T  # what the tied step reduces into the head's rows
-    for rank in ranks:
-        assert abs(rank["loss"] - mean.item()) <= 1e-5 * mean.item(), (rank["loss"], mean.item())
-    assert set(ranks[0]["shards"]) == set(ranks[1]["shards"]) >= {"attn_bank", "mlp_bank", "lm_head", "scalars"}
-    for name in ranks[0]["shards"]:
-        g = grads[name]
-        k = -(-g.shape[0] // 2)
-        full = torch.zeros((2 * k, *g.shape[1:]), dtype=torch.float32)
-        full[:g.shape[0]] = g
-        scale = max(g.abs().max().item(), 1e-30)
-        for r, rank in enumerate(ranks):
-            assert_close_report(rank["shards"][name], full[r * k:(r + 1) * k], atol=1e-5 * scale,
-                                name=f"rank {r} gradient rows of {name}")
 
 
 def _perturbed_params(hp, seed, device="cpu"):
@@ -643,6 +547,25 @@ def test_profile_table_categorises_kernels():
                    "triton_tem_fused_flex_attention_0"]
     assert "calls" in lines[1] and lines[2].split()[2] == "2", "the two GEMM calls are one row"
     assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
+
+
+def test_profile_table_reports_communication_overlap():
+    """The communication line: busy = the union of the communication kernels' intervals (two collectives that
+    overlap each other count once), overlapped = the part of it during which another kernel runs (another
+    stream), exposed = the rest; records/compare.py, the one parser of the log, reads it back."""
+    ms = 1000.0
+    kernels = [("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100 * ms),
+               ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50 * ms, 150 * ms),  # 50 ms under the GEMM
+               ("ncclDevKernel_AllGather_RING_LL", 140 * ms, 160 * ms),            # overlaps the reduce-scatter
+               ("triton_poi_fused_add_mul_0", 155 * ms, 170 * ms),                  # 5 ms over the all-gather
+               ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200 * ms, 210 * ms)]     # alone
+    lines, _ = tg.profile_table(kernels, wall_us=300 * ms, n_steps=1)
+    assert "  communication: busy 120.00 ms, overlapped 55.00 ms (45.8%), exposed 65.00 ms" in lines
+    assert lines[-1].startswith("  by category: communication 130.00 ms")  # a sum: their 10 ms overlap twice
+    run = compare.parse_log_text("\n".join(["=" * 100, "profile_stage0: steps 0..0, trace t.json", *lines,
+                                             "step:1/1 train_time:300ms step_avg:300.00ms"]))
+    assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
+    assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
 
 
 def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):

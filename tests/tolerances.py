@@ -66,9 +66,30 @@ misplaced element almost surely, and a scale off by a relative d >> 2^-14 wherev
 a rounding midpoint (a share of roughly d / 2^-3 of the elements). The second output of such a kernel, a
 transposed copy, must hold the same bytes (``torch.equal`` on the uint8 views).
 
+Rule 4 (sums of the same n fp32 terms in an order that is not fixed: gradients summed over micro-steps and
+reduced across ranks, losses summed over micro-batches): every order of fp32 additions (sequential, a tree, a
+ring all-reduce: any algorithm that repeatedly adds two partial sums) gives
+
+    |s_hat - s| <= gamma_{n-1} * sum_i |x_i|,    gamma_m = m u / (1 - m u),  u = 2^-24
+
+(Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2: each term goes through at most
+n - 1 additions, each with a relative error of at most u). ``s`` is the float64 sum of the very terms the
+ranks added (its own error, gamma_{n-1} in float64, is 2^-29 of the bound and neglected as in rule 1), and the
+scale is per element, the magnitude of its terms: an element whose terms cancel is judged at the scale of
+its terms, not of its sum. Two sums of the same terms in different orders are within twice the bound of each
+other; a division of both by the same number adds one rounding, u relative, to each. What it catches: a term
+dropped or counted twice (off by |x_i|, far above gamma_{n-1} sum |x| unless x_i is itself below the bound),
+another row's or rank's sum, a wrong scale. The bound is for one sum of given terms. It does not carry through
+an optimizer step: Adam's first update is lr * g / (|g| + eps) ~ lr * sign(g), and an element whose terms
+cancel to below the bound takes either sign in another order (measured: after 3 steps of the fp32 smoke model
+at world size 8, value-embedding weights 3.1 away from world size 1's, with lr 1.5); so tests/test_world_sizes.py
+checks each reduced gradient against this bound and, with the reduction done in world size 1's order, the
+parameters bit for bit.
+
 Bitwise ops (transposes, copies, gathers) are compared with ``torch.equal`` and need no tolerance.
 
-Every comparison goes through :func:`assert_close_report` (rule 3: :func:`assert_rounded_e5m2`), which prints
+Every comparison goes through :func:`assert_close_report` (rule 3: :func:`assert_rounded_e5m2`, rule 4:
+:func:`assert_sum_in_any_order`), which prints
 max abs/rel error, the worst index, and any NaN/inf mismatch, so a failing test says what went wrong.
 """
 import math
@@ -96,6 +117,12 @@ E5M2_FP32_ULPS = 2.0 ** 10          # fp32 error before the rounding, in units o
 
 def unit_roundoff(dtype):
     return UNIT_ROUNDOFF[dtype]
+
+
+def gamma(m, dtype=torch.float32):
+    """gamma_m = m u / (1 - m u) of ``dtype`` (rule 4: the error of m roundings in a row)."""
+    u = UNIT_ROUNDOFF[dtype]
+    return m * u / (1 - m * u)
 
 
 def _describe(actual, expected):
@@ -237,6 +264,35 @@ def assert_rounded_e5m2(actual, expected64, terms, *, name="output", fp32_ulps=E
             f"{err.reshape(-1)[flat].item():.3e}\n" + _describe(a, e))
 
 
+def assert_sum_in_any_order(actual, terms, *, name="sum"):
+    """Rule 4: ``actual`` is a sum of the n fp32 tensors ``terms`` (a list, each shaped like ``actual``) in some
+    order: within gamma_{n-1} * sum_i |x_i| of their float64 sum, elementwise (exactly equal where every term
+    is zero, e.g. padding rows)."""
+    t = torch.stack([x.detach().to("cpu", torch.float64) for x in terms])
+    exact, bound = t.sum(0), gamma(len(terms) - 1) * t.abs().sum(0)
+    a = actual.detach().to("cpu", torch.float64)
+    if a.shape != exact.shape:
+        raise AssertionError(f"{name}: shape mismatch {tuple(a.shape)} vs the terms' {tuple(exact.shape)}")
+    excess = (a - exact).abs() - bound
+    bad = ~(excess <= 0)  # NaN fails too
+    if bool(bad.any()):
+        flat = int(torch.where(bad, torch.nan_to_num(excess, nan=math.inf), -math.inf).reshape(-1).argmax())
+        idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)]
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {a.numel()} elements differ from the float64 sum of their {len(terms)} "
+            f"terms by more than gamma_{len(terms) - 1} x sum|terms|; worst at {idx}: got "
+            f"{a.reshape(-1)[flat].item():.6e}, exact {exact.reshape(-1)[flat].item():.6e}, bound "
+            f"{bound.reshape(-1)[flat].item():.3e}\n" + _describe(a, exact))
+
+
+def assert_two_sums_in_any_order(a, b, n, abs_sum, *, name="sum"):
+    """Rule 4 for two fp32 sums of the same n terms in different orders (scalars or tensors): |a - b| <=
+    2 gamma_{n-1} * abs_sum, abs_sum = sum_i |x_i| (for positive terms, e.g. losses: at most max(a, b) /
+    (1 - gamma_{n-1}))."""
+    bound = 2 * gamma(n - 1) * torch.as_tensor(abs_sum, dtype=torch.float64)
+    assert_close_report(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                        atol=bound.max().item(), name=f"{name} (two orders of {n} fp32 terms)")
+
 def assert_all_written(out, name="output"):
     """Outputs are prefilled with NaN before the kernel runs; any NaN left means an element was skipped."""
     nan = torch.isnan(out.detach().float())
@@ -255,3 +311,4 @@ def shifted_randn(*shape, dtype=torch.float32, device="cpu", generator=None, mea
     """Realistic test input: not centred on zero, so sign and offset bugs show up."""
     x = torch.randn(*shape, generator=generator, dtype=torch.float32, device="cpu") * std + mean
     return x.to(device=device, dtype=dtype)
+
