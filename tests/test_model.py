@@ -152,6 +152,25 @@ def test_yarn_state_follows_the_stage_path():
     assert torch.equal(freq, tg.rotary_freq(hp)) and scale == hp.attn_scale
 
 
+def test_final_validation_widens_the_window_without_rescaling():
+    """Record #74's last validation: the long window becomes 20 blocks, the rotary frequencies and the softmax
+    scale stay those of the last stage's window (13 blocks: its apply_final_ws_ext changes the window only)."""
+    hp = tg.Hyperparameters()
+    windows, yarn_long = tg.val_windows(hp, hp.total_steps)
+    assert (windows, yarn_long) == ((6, 20), 13)
+    T = 256
+    tables = tg.attn_tables(hp, T, windows, {}, torch.device("cpu"), yarn_long=yarn_long)
+    f13, s13 = spec_yarn(spec_freq(hp.head_dim), 0.1, [128 * x for x in (3, 7, 11, 13)])
+    ang = torch.arange(T, dtype=torch.float64)[:, None, None] * f13.float().double()
+    assert_close_report(tables.cos.double(), ang.cos(), atol=2 ** -8, name="final cos: the 13-block YaRN")
+    assert tables.qscale.item() == pytest.approx(s13, rel=1e-6)
+    assert (int(tables.short), int(tables.long)) == (6 * 128, 20 * 128)
+    rescaled = tg.attn_tables(hp, T, windows, {}, torch.device("cpu"))  # what widening with YaRN would give
+    assert rescaled.qscale.item() > 1.02 * tables.qscale.item()
+    # before the end, a validation uses the step's own windows and tables
+    assert tg.val_windows(hp, 250) == (tg.windows_at(hp, 250), None)
+
+
 def test_rotary_tables_plain_and_paired():
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
     T, H = 8, 4
