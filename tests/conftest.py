@@ -6,14 +6,20 @@ pytest imports this file before it collects the test modules, so setting it here
 
 Parallel runs (pytest-xdist; ``pytest.ini`` asks for ``-n auto --dist loadgroup``): ``-n auto`` is decided by
 ``pytest_xdist_auto_num_workers`` below (``-n 0`` runs in one process, e.g. for a single test). Tests that share a
-module-scoped fixture (a smoke run, a checkpoint, the compiled GPU runs) carry one ``xdist_group`` mark so that one
-worker builds it once; xdist schedules those groups first (largest first). Every test writes under its own
-``tmp_path`` and torchrun picks a free port (``--standalone``), so workers share no files or ports. Each worker
-gets an equal share of the CPU threads (torch's intra-op pool and inductor's compile workers), and on a GPU hands
-its cached blocks back after a test that left much cached, so that the workers share the GPU's memory.
+module-scoped fixture (a smoke run, a checkpoint) carry one ``xdist_group`` mark so that one worker builds it once;
+xdist schedules those groups first (largest first). (pytest >= 9.2 moved the node id that xdist 3.8 renames to mark
+a group, so there the marks do nothing and each worker that gets such a test builds the fixture itself: correct,
+only slower.) What must be built once per session whatever the scheduling, the compiled GPU runs, goes through
+``shared_build`` (a file lock in the session's temporary folder, which all workers share). Every test writes under
+its own ``tmp_path`` and torchrun picks a free port (``--standalone``), so workers share no other files and no
+ports. Each worker gets an equal share of the CPU threads (torch's intra-op pool and inductor's compile workers),
+and on a GPU hands its cached blocks back after a test that left much cached, so that the workers share the GPU's
+memory.
 """
+import fcntl
 import gc
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -89,3 +95,29 @@ def script_main(monkeypatch):
         return 0
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_build(tmp_path_factory):
+    """``shared_build(name, build)``: the folder ``build(folder)`` filled, built once per test session and shared by
+    all xdist workers (the first to ask builds it under a file lock while the others wait, then they all read it).
+    A build that raised is tried again by the next test that asks (and fails it the same way)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # xdist: each worker's basetemp is a folder of the session's
+
+    def get(name, build):
+        out = root / f"shared_{name}"
+        with open(root / f"shared_{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not (out / ".built").exists():
+                    shutil.rmtree(out, ignore_errors=True)
+                    out.mkdir()
+                    build(out)
+                    (out / ".built").write_text("")
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return out
+
+    return get

@@ -185,22 +185,32 @@ def test_world_size_2_matches_1(request, smoke_data, tmp_path):
         assert abs(float(vals1[s]) - float(vals2[s])) <= 2e-4, f"val {s}: {vals1[s]} vs {vals2[s]}"
 
 
-# The GPU runs of the compiled smoke model: one worker runs them once for the tests below (tests/conftest.py).
+# The GPU runs of the compiled smoke model, run once per session for the tests below (tests/conftest.py).
 on_gpu_runs = pytest.mark.xdist_group("train_gpt_gpu_runs")
 GPU_STEPS, GPU_RESUME_AT = 40, 20
 
 
 @pytest.fixture(scope="module")
-def gpu_runs(tmp_path_factory):
+def gpu_runs(shared_build):
     """Three runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
     through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
     and the untie (step 24), validation every 5 steps, the train loss logged at every step. Run "a" first (it
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints at steps 20 and 40;
     then, side by side, run "b" (the same command again) and run "resumed" (--resume a's step-20 checkpoint, steps
-    21 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Returns
+    21 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
+    session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns
     {run: (log text, train losses, val losses, final checkpoint path)}."""
-    d = tmp_path_factory.mktemp("gpu_runs")
+    d = shared_build("train_gpt_gpu_runs", _gpu_runs)
+    out = {}
+    for run in ("a", "b", "resumed"):
+        text, steps, vals = _parse(d / "logs" / f"{run}.txt")
+        assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
+        out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
+    return out
+
+
+def _gpu_runs(d):
     rng = np.random.default_rng(0)
 
     def shard(path, n_tokens):
@@ -225,12 +235,6 @@ def gpu_runs(tmp_path_factory):
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
-    out = {}
-    for run in ("a", "b", "resumed"):
-        text, steps, vals = _parse(d / "logs" / f"{run}.txt")
-        assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
-        out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
-    return out
 
 
 @on_gpu_runs
