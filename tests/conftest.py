@@ -46,11 +46,15 @@ _CACHED_LIMIT = 4 << 30
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: on a GPU machine at most 8 workers and 2 CPU cores each (Triton and inductor compile on the
-    CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core (CI: 2)."""
+    CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core from 4 cores on,
+    and none below (one process, as CI's 2 cores: the whole suite took 174 s there with 2 workers against 178 s in
+    one process, 2026-11-25, and each worker builds the smoke runs again). PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cpus = os.cpu_count() or 1
     if HAS_CUDA:
         return max(1, min(8, cpus // 2))
-    return cpus
+    return cpus if cpus >= 4 else 0
 
 
 def pytest_report_header(config):
