@@ -402,7 +402,7 @@ def number_tokenizer(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
 
 
-# The tests of the smoke run below share it: one xdist worker builds it (tests/conftest.py).
+# The tests of the smoke run below share it: one xdist worker builds it (where groups work: conftest.py).
 on_smoke_run = pytest.mark.xdist_group("hellaswag_smoke_run")
 
 

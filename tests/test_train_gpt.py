@@ -76,7 +76,7 @@ def _parse(log_path):
     return text, steps, vals
 
 
-# The tests of the shared smoke run carry this mark: one xdist worker builds the run once (tests/conftest.py).
+# The tests of the shared smoke run carry this mark: one xdist worker builds it (where groups work: conftest.py).
 on_smoke_run = pytest.mark.xdist_group("train_gpt_smoke_run")
 
 
