@@ -5,11 +5,11 @@ from kernels.adam import DEFAULT_CONFIG, TUNING_CANDIDATES, FusedAdamW, fused_ad
 
 
 def _bench_inputs(sizes, device, seed):
-    gen = torch.Generator().manual_seed(seed)
-    params = [torch.randn(n, generator=gen).mul_(0.02).to(device, torch.bfloat16) for n in sizes]
-    grads = [torch.randn(n, generator=gen).mul_(1e-3).to(device, torch.bfloat16) for n in sizes]
-    ms = [torch.randn(n, generator=gen).mul_(1e-4).to(device) for n in sizes]
-    vs = [torch.rand(n, generator=gen).mul_(1e-6).to(device) for n in sizes]
+    gen = torch.Generator(device=device).manual_seed(seed)  # on the device: 100M values per call
+    params = [torch.randn(n, generator=gen, device=device).mul_(0.02).to(torch.bfloat16) for n in sizes]
+    grads = [torch.randn(n, generator=gen, device=device).mul_(1e-3).to(torch.bfloat16) for n in sizes]
+    ms = [torch.randn(n, generator=gen, device=device).mul_(1e-4) for n in sizes]
+    vs = [torch.rand(n, generator=gen, device=device).mul_(1e-6) for n in sizes]
     ws = [p.float() for p in params]
     return params, grads, ms, vs, ws
 

@@ -3,17 +3,58 @@
 Without a GPU the Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be in the
 environment before any ``@triton.jit`` function is defined, i.e. before a ``kernels`` module is imported.
 pytest imports this file before it collects the test modules, so setting it here is early enough.
+
+Parallel runs (pytest-xdist; ``pytest.ini`` asks for ``-n auto --dist loadgroup``): ``-n auto`` is decided by
+``pytest_xdist_auto_num_workers`` below (``-n 0`` runs in one process, e.g. for a single test). Tests that share a
+module-scoped fixture (a smoke run, a checkpoint) carry one ``xdist_group`` mark so that one worker builds it once;
+xdist schedules those groups first (largest first). (pytest >= 9.2 moved the node id that xdist 3.8 renames to mark
+a group, so there the marks do nothing and each worker that gets such a test builds the fixture itself: correct,
+only slower.) What must be built once per session whatever the scheduling, the compiled GPU runs, goes through
+``shared_build`` (a file lock in the session's temporary folder, which all workers share). Every test writes under
+its own ``tmp_path`` and torchrun picks a free port (``--standalone``), so workers share no other files and no
+ports. Each worker gets an equal share of the CPU threads (torch's intra-op pool and inductor's compile workers),
+and on a GPU hands its cached blocks back after a test that left much cached, so that the workers share the GPU's
+memory.
 """
+import fcntl
+import gc
 import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
-import torch
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by xdist in its workers
+_THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+if _WORKERS > 1:
+    # before torch: inductor reads its compile-worker count when it is first imported
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(_THREADS))
+
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if _WORKERS > 1:
+    torch.set_num_threads(_THREADS)
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+# A worker keeps at most this much GPU memory cached between tests (the speedrun-shape tests cache up to ~20 GB).
+_CACHED_LIMIT = 4 << 30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: on a GPU machine at most 8 workers and 2 CPU cores each (Triton and inductor compile on the
+    CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core from 4 cores on,
+    and none below (one process, as CI's 2 cores: the whole suite took 174 s there with 2 workers against 178 s in
+    one process, 2026-11-25, and each worker builds the smoke runs again). PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cpus = os.cpu_count() or 1
+    if HAS_CUDA:
+        return max(1, min(8, cpus // 2))
+    return cpus if cpus >= 4 else 0
 
 
 def pytest_report_header(config):
@@ -24,3 +65,63 @@ def pytest_report_header(config):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _hand_back_cached_gpu_memory():
+    yield
+    if HAS_CUDA and torch.cuda.memory_reserved() > _CACHED_LIMIT:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def script_main(monkeypatch):
+    """``script_main(module, argv)`` runs the ``if __name__ == "__main__":`` block of an imported script module
+    (train_gpt, data/hellaswag.py, ...) in this process, with ``sys.argv = [<script file name>, *argv]``: what
+    ``python <script> argv`` runs after its imports, the error handling included. Returns the exit code (0 if the
+    block returns); an exception the block lets through propagates (in a subprocess: a traceback). Output goes to
+    capsys. For tests of the command line where the process boundary itself is not what is tested."""
+    import ast
+
+    def run(module, argv):
+        path = Path(module.__file__)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        blocks = [n for n in tree.body if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
+                  and isinstance(n.test.left, ast.Name) and n.test.left.id == "__name__"]
+        assert len(blocks) == 1, f"{path.name}: expected one `if __name__ == '__main__':` block"
+        code = compile(ast.Module(body=blocks[0].body, type_ignores=[]), str(path), "exec")
+        monkeypatch.setattr(sys, "argv", [path.name, *map(str, argv)])
+        try:
+            exec(code, {**vars(module), "__name__": "__main__"})
+        except SystemExit as e:
+            return 0 if e.code is None else e.code
+        return 0
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def shared_build(tmp_path_factory):
+    """``shared_build(name, build)``: the folder ``build(folder)`` filled, built once per test session and shared by
+    all xdist workers (the first to ask builds it under a file lock while the others wait, then they all read it).
+    A build that raised is tried again by the next test that asks (and fails it the same way)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # xdist: each worker's basetemp is a folder of the session's
+
+    def get(name, build):
+        out = root / f"shared_{name}"
+        with open(root / f"shared_{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not (out / ".built").exists():
+                    shutil.rmtree(out, ignore_errors=True)
+                    out.mkdir()
+                    build(out)
+                    (out / ".built").write_text("")
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return out
+
+    return get

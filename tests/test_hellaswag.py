@@ -33,7 +33,7 @@ SAMPLE = FIXTURES / "hellaswag_val_sample.jsonl"
 NUMBERS = FIXTURES / "hellaswag_numbers.jsonl"
 # tiktoken's gpt2 files: TIKTOKEN_CACHE_DIR, or the team's shared copy beside the checkout or its worktree folder
 GPT2_CACHES = (REPO.parent / "shared" / "tiktoken_cache", REPO.parent.parent / "shared" / "tiktoken_cache")
-EVAL_SLEEP_S = 2.0
+EVAL_SLEEP_S = 0.75  # an evaluation's extra time in the smoke run: 3 of them before step 5 if the clock ran
 GPT2_FILES = ("6d1cbeee0f20b3d9449abfede4726ed8212e3aee", "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6")
 
 
@@ -402,6 +402,10 @@ def number_tokenizer(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
 
 
+# The tests of the smoke run below share it: one xdist worker builds it (where groups work: conftest.py).
+on_smoke_run = pytest.mark.xdist_group("hellaswag_smoke_run")
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("hs_smoke")
@@ -427,6 +431,7 @@ def smoke_run(tmp_path_factory):
     return Path(log_path), Path(ckpt_dir) / "step_000005"
 
 
+@on_smoke_run
 def test_hellaswag_every_logs_outside_the_clock(smoke_run):
     log_path, _ = smoke_run
     events = log_path.read_text().split("=" * 100 + "\n")[-1].splitlines()  # after the source and header
@@ -463,6 +468,7 @@ def _reference_scores(hp, params, fns, device):
     return sums, counts, np.array(labels)
 
 
+@on_smoke_run
 def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_tokenizer, capsys, device):
     """--hellaswag on the smoke checkpoint (bf16, on the test device): the accuracies printed and saved are
     those of the reference computed one candidate at a time on the same device."""
@@ -480,6 +486,7 @@ def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_
         "examples"] == 3
 
 
+@on_smoke_run
 def test_packed_scores_match_one_candidate_at_a_time(smoke_run, device):
     """The smoke checkpoint in fp32 (so packing's other positions change only fp32 rounding): the packed
     sums equal the one-candidate-at-a-time sums to 1e-3 nats (4-token endings sum to about -20 here and
@@ -501,6 +508,7 @@ def _sample(ckpt, *extra):
     return tg.main(["--sample", str(ckpt), "--prompt", "100 108 116", "--max-new-tokens", "6", *extra])
 
 
+@on_smoke_run
 def test_sampling_seed_temperature_top_k(smoke_run, number_tokenizer, capsys):
     _, ckpt = smoke_run
     greedy = _sample(ckpt)
@@ -515,6 +523,7 @@ def test_sampling_seed_temperature_top_k(smoke_run, number_tokenizer, capsys):
     assert "--- sample 3/3" in out and a[2] in out
 
 
+@on_smoke_run
 def test_sequence_logits_padding_and_prefix(smoke_run):
     """Right padding is harmless: the logits of a prefix equal the first rows of the longer sequence's."""
     _, ckpt = smoke_run
@@ -528,20 +537,23 @@ def test_sequence_logits_padding_and_prefix(smoke_run):
     assert torch.equal(tg.sequence_logits(hp, params, fns, ids, {}, rows=torch.tensor([149, 3])), full[[149, 3]])
 
 
+@on_smoke_run
 @pytest.mark.parametrize("argv, msg", [
     (["--hellaswag", "{tmp}/nope"], "no checkpoint at"),
     (["--hellaswag", "{ckpt}", "--hellaswag-file", "{tmp}/none.jsonl"], "no HellaSwag file at"),
     (["--sample", "{ckpt}", "--temperature", "-1"], "--temperature: must be >= 0"),
     (["--sample", "{ckpt}", "--num-samples", "0"], "--num-samples: must be >= 1"),
 ])
-def test_command_line_errors_are_one_line(smoke_run, tmp_path, argv, msg):
+def test_command_line_errors_are_one_line(smoke_run, tmp_path, argv, msg, script_main, capsys):
+    """``python train_gpt.py ARGV`` as the script's main block, in this process (tests/conftest.py's script_main:
+    an exception it let through would fail here as a traceback would in a subprocess): exit code 2, the message
+    on the last line of stderr."""
     _, ckpt = smoke_run
     argv = [a.format(tmp=tmp_path, ckpt=ckpt) for a in argv]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), *argv], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert msg in res.stderr.strip().splitlines()[-1]
+    code = script_main(tg, argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert msg in err.strip().splitlines()[-1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a pass over 10,042 examples with the default model "

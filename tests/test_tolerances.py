@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from tolerances import (E5M2_FP32_ULPS, assert_all_written, assert_close_report, assert_elementwise,
+from tolerances import (E5M2_FP32_ULPS, assert_all_written, assert_close_report, assert_elementwise, assert_fp8_gemm,
                         assert_matches_torch, assert_rounded_e5m2, assert_sum_in_any_order,
-                        assert_two_sums_in_any_order, gamma, max_abs_err, nan_like, shifted_randn, ulp_e5m2)
+                        assert_two_sums_in_any_order, fp8_gemm_accumulation_error, gamma, max_abs_err, nan_like,
+                        shifted_randn, ulp_e5m2)
 
 
 def test_rule1_accepts_torch_level_error_and_rejects_a_bug():
@@ -167,3 +168,28 @@ def test_rule4_accepts_any_summation_order_and_rejects_a_lost_term():
         assert_sum_in_any_order(off, padded)
     with pytest.raises(AssertionError, match="out of tolerance"):
         assert_two_sums_in_any_order(1.0, 1.0 + 16 * gamma(7), 8, 1.0)
+
+
+def test_rule5_fp8_gemm_accepts_one_rounding_and_truncated_accumulation_rejects_a_scale():
+    """An FP8 product (e5m2 @ e4m3^T, K = 208) rounded once to bf16 passes with either accumulation; a value
+    truncated to 14 significant bits every 32 products (a tensor-core accumulator) passes the tensor-core bound;
+    the same product scaled by 1 + 2^-5 (a wrong scale) fails both."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(48, 208, generator=g).to(torch.float8_e5m2).double()
+    b = (torch.randn(32, 208, generator=g) * 4).to(torch.float8_e4m3fn).double()
+    ref, terms = a @ b.T, a.abs() @ b.abs().T
+    for acc in ("fp32", "tensor_core"):
+        assert_fp8_gemm(ref.to(torch.bfloat16), ref, terms, 208, acc)
+        with pytest.raises(AssertionError, match=f"{acc} accumulation error over K = 208"):
+            assert_fp8_gemm((ref * (1 + 2.0 ** -5)).to(torch.bfloat16), ref, terms, 208, acc)
+
+    def trunc14(v):  # toward zero, 13 fraction bits
+        m, e = torch.frexp(v)
+        return torch.ldexp(torch.trunc(torch.ldexp(m, torch.full_like(e, 14))), e - 14)
+
+    acc = torch.zeros_like(ref)
+    for k in range(0, 208, 32):
+        acc = trunc14(acc + a[:, k:k + 32] @ b[:, k:k + 32].T)
+    assert (acc - ref).abs().max() > 208 * 2.0 ** -24 * terms.max()  # more than fp32 accumulation would allow
+    assert_fp8_gemm(acc.to(torch.bfloat16), ref, terms, 208, "tensor_core")
+    assert fp8_gemm_accumulation_error(208, "tensor_core") == 7 * 2.0 ** -11 + 208 * 2.0 ** -24

@@ -76,6 +76,10 @@ def _parse(log_path):
     return text, steps, vals
 
 
+# The tests of the shared smoke run carry this mark: one xdist worker builds it (where groups work: conftest.py).
+on_smoke_run = pytest.mark.xdist_group("train_gpt_smoke_run")
+
+
 @pytest.fixture(scope="module")
 def smoke_run(smoke_data, tmp_path_factory):
     """One uninterrupted smoke run (10 steps, checkpoints at 5 and 10) shared by the tests below. Step 5 is
@@ -89,6 +93,7 @@ def smoke_run(smoke_data, tmp_path_factory):
 # End to end
 
 
+@on_smoke_run
 def test_smoke_loss_falls_and_log_parses(smoke_run):
     out, log_path, ckpt_dir = smoke_run
     text, steps, vals = _parse(log_path)
@@ -120,6 +125,7 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     assert (ckpt_dir / "step_000010" / "rank0.pt").is_file()
 
 
+@on_smoke_run
 def test_resume_reproduces_uninterrupted_run(smoke_run, smoke_data, tmp_path):
     out, log_path, ckpt_dir = smoke_run
     _, steps_full, vals_full = _parse(log_path)
@@ -140,13 +146,43 @@ def test_resume_reproduces_uninterrupted_run(smoke_run, smoke_data, tmp_path):
                 assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs"
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="--deterministic is a GPU promise (compiled model, Triton kernels)")
-def test_deterministic_gpu(tmp_path):
-    """Two runs with --deterministic of the compiled smoke model on GPT-2-sized ids (vocabulary 50304, so the
-    cross-entropy, embedding and optimizer kernels run at the speedrun's widths), 16 + 4 steps through every
-    batch-size stage, validation every 5 steps: bitwise-identical train_loss and val_loss in every line and
-    bitwise-identical final weights. (The default model would spend minutes compiling; the code paths are
-    the same.)"""
+def _finish(proc, log_path, timeout=600):
+    """Waits for a started run; returns its log path (the run's output in the failure message)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-6000:]
+    return log_path
+
+
+# The GPU runs of the compiled smoke model, run once per session for the tests below (tests/conftest.py).
+on_gpu_runs = pytest.mark.xdist_group("train_gpt_gpu_runs")
+GPU_STEPS, GPU_RESUME_AT = 40, 20
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(shared_build):
+    """Three runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
+    cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
+    through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
+    and the untie (step 24), validation every 5 steps, the train loss logged at every step. Run "a" first (it
+    compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints at steps 20 and 40;
+    then, side by side, run "b" (the same command again) and run "resumed" (--resume a's step-20 checkpoint, steps
+    21 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
+    session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns
+    {run: (log text, train losses, val losses, final checkpoint path)}."""
+    d = shared_build("train_gpt_gpu_runs", _gpu_runs)
+    out = {}
+    for run in ("a", "b", "resumed"):
+        text, steps, vals = _parse(d / "logs" / f"{run}.txt")
+        assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
+        out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
+    return out
+
+
+def _gpu_runs(d):
     rng = np.random.default_rng(0)
 
     def shard(path, n_tokens):
@@ -154,25 +190,62 @@ def test_deterministic_gpu(tmp_path):
         ids[::300] = 50256  # documents of 300 tokens
         write_shard(path, ids)
 
-    shard(tmp_path / "det_train_000001.bin", 400_000)
-    shard(tmp_path / "det_val_000000.bin", 40_000)
-    runs = []
-    for run in ("a", "b"):
+    shard(d / "det_train_000001.bin", 400_000)
+    shard(d / "det_val_000000.bin", 40_000)
+    env = dict(os.environ)
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
+
+    def start(run, *extra):
         cmd = [sys.executable, str(REPO / "train_gpt.py"), "--smoke", "--compile", "--deterministic", "--train-loss",
-               "--train-files", str(tmp_path / "det_train_*.bin"), "--val-files", str(tmp_path / "det_val_*.bin"),
-               "--steps", "16", "--extension-steps", "4", "--val-every", "5",
-               "--run-id", run, "--log-dir", str(tmp_path / "logs"), "--checkpoint-dir", str(tmp_path / "ckpt")]
-        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        text, steps, vals = _parse(tmp_path / "logs" / f"{run}.txt")
-        assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text
-        assert sorted(steps) == list(range(1, 21)) and all(v is not None for v in steps.values())
-        params = torch.load(tmp_path / "ckpt" / run / "step_000020" / "rank0.pt", weights_only=False)["params"]
-        runs.append((steps, vals, params))
-    (sa, va, pa), (sb, vb, pb) = runs
+               "--train-files", str(d / "det_train_*.bin"), "--val-files", str(d / "det_val_*.bin"),
+               "--steps", str(GPU_STEPS - 4), "--extension-steps", "4", "--val-every", "5",
+               "--run-id", run, "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), *extra]
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
+    b = start("b")
+    resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
+    _finish(b, None, timeout=900)
+    _finish(resumed, None, timeout=900)
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="--deterministic is a GPU promise (compiled model, Triton kernels)")
+def test_deterministic_gpu(gpu_runs):
+    """Two runs with --deterministic of the compiled smoke model (the gpu_runs fixture: runs "a" and "b"), 40 steps
+    through every batch-size stage: bitwise-identical train_loss and val_loss in every line and bitwise-identical
+    final weights. (The default model would spend minutes compiling; the code paths are the same.)"""
+    (_, sa, va, ca), (_, sb, vb, cb) = gpu_runs["a"], gpu_runs["b"]
+    assert sorted(sa) == list(range(1, GPU_STEPS + 1)) and all(v is not None for v in sa.values())
+    assert sorted(va) == list(range(0, GPU_STEPS + 1, 5))
     assert sa == sb and va == vb, "loss lines differ between two --deterministic runs"
+    pa = torch.load(ca, weights_only=False)["params"]
+    pb = torch.load(cb, weights_only=False)["params"]
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"final {k} differs between two --deterministic runs"
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="resume on the GPU path (compiled, --deterministic); on the CPU "
+                                         "test_resume_reproduces_uninterrupted_run checks the same")
+def test_resume_gpu(gpu_runs):
+    """GPU resume (the gpu_runs fixture): 40 steps straight (run "a") against 20 steps + --resume + 20 ("resumed",
+    from a's step-20 checkpoint, in a new process), both --deterministic: bitwise-identical train and val losses
+    after the resume, and bitwise-identical final weights and optimizer state (the resumed part crosses the untie
+    at step 24 and two stage changes). The CPU equivalent, in the CPU suite: test_resume_reproduces_uninterrupted_run
+    (eager smoke model, resume at the untie step)."""
+    (_, sa, va, ca), (text, sr, vr, cr) = gpu_runs["a"], gpu_runs["resumed"]
+    assert tg.untie_step(tg.smoke_hyperparameters(scheduled_steps=GPU_STEPS - 4)) > GPU_RESUME_AT
+    assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after step 20"
+    assert {s: sa[s] for s in sr} == sr, "train losses after resume differ"
+    assert vr and {s: va[s] for s in vr} == vr, "val losses after resume differ"
+    a, b = torch.load(ca, weights_only=False), torch.load(cr, weights_only=False)
+    for k in a["params"]:
+        assert torch.equal(a["params"][k], b["params"][k]), f"final {k} differs after resume"
+    for name, ga in a["optimizer"]["groups"].items():
+        for key, t in ga.items():
+            if isinstance(t, torch.Tensor):
+                assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs"
 
 
 def test_trainer_reset_restores_initial_state(smoke_data, device):
@@ -880,7 +953,9 @@ def test_missing_data_names_the_download_command(tmp_path, capsys):
 
 
 def test_command_line_missing_data_is_one_message_not_a_traceback(tmp_path):
-    """Run as a script, a data problem prints one error line and exits 2 (no traceback wall)."""
+    """Run as a script, a data problem prints one error line and exits 2 (no traceback wall). The one error test
+    through a real process (python train_gpt.py from a fresh interpreter); the others run the script's main block
+    in this process (tests/conftest.py's script_main), which prints and exits the same way."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, str(Path(tg.__file__)), "--smoke", "--train-files",
                           str(tmp_path / "nothing_*.bin"), "--val-files", str(tmp_path / "nothing_val_*.bin"),
@@ -896,7 +971,7 @@ def _write_ids(path, ids):
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, capsys):
+def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, script_main, capsys):
     """A shard with an id >= vocab_size (here the default 50304) is refused before any model is built: one
     line naming the file and the first bad position, exit code 2 (not an IndexError or a device assert)."""
     good = np.tile(np.array([50256, 10, 20, 30], dtype=np.uint16), 1000)
@@ -917,12 +992,10 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, caps
         assert capsys.readouterr().err.startswith(f"train_gpt.py: error: {message}")
         assert not (tmp_path / "logs").exists()
         return
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, str(Path(tg.__file__)), *argv], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.startswith(f"train_gpt.py: error: {message}"), res.stderr
+    # train: as the script's main block (in this process: script_main) prints it, one line and exit code 2
+    assert script_main(tg, argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"train_gpt.py: error: {message}"), err
 
 
 def test_check_token_ids_returns_the_largest_id(tmp_path):
@@ -1008,12 +1081,14 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
     assert last < first - 1.0, (first, last)
 
 
+@on_smoke_run
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
     with pytest.raises(tg.CheckpointError, match="written by 1 ranks, this run has 2"):
         tg.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
 
 
+@on_smoke_run
 def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
     """--sample on the smoke checkpoint, with a stand-in tokenizer (GPT-2's BPE files need the network and
     the smoke vocabulary has 512 ids). Greedy decoding: each new token is the argmax of the model's logits at
@@ -1053,11 +1128,11 @@ def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
 # Command line and logged sources
 
 
-def test_help_lists_every_hyperparameter_with_its_comment():
-    res = subprocess.run([sys.executable, str(REPO / "train_gpt.py"), "--help"], capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "200"}, timeout=120)
-    assert res.returncode == 0, res.stderr
-    flat = " ".join(res.stdout.split())
+def test_help_lists_every_hyperparameter_with_its_comment(script_main, capsys, monkeypatch):
+    """``train_gpt.py --help`` (the script's main block, in this process: tests/conftest.py's script_main)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert script_main(tg, ["--help"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
     for f in dataclasses.fields(tg.Hyperparameters):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "stages":
@@ -1106,6 +1181,7 @@ def test_bad_flag_value_is_one_line_exit_2(argv, start, capsys):
     assert len(err.splitlines()) <= 3, "a bad value should not print the whole flag list"
 
 
+@on_smoke_run
 def test_logged_sources_are_the_imported_project_modules(smoke_run):
     """The logged code is exactly train_gpt.py and the repo modules imported, sorted; never tests or benchmark
     cases (even when the session imported them), and the smoke log's copy is such a list."""

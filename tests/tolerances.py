@@ -86,11 +86,37 @@ at world size 8, value-embedding weights 3.1 away from world size 1's, with lr 1
 checks each reduced gradient against this bound and, with the reduction done in world size 1's order, the
 parameters bit for bit.
 
+Rule 5 (FP8 GEMMs: ``torch._scaled_mm`` of e4m3 / e5m2 operands, K-term dot products, one output rounding):
+the products of two FP8 values are exact, the accumulated value v is off the float64 sum of the dequantised
+operands by an accumulation error d, and the output (bf16) rounds v to nearest even: |out - ref| <= 2^-8 |v| + d
+<= 2^-8 |ref| + (1 + 2^-8) d. With ``terms`` = |A| @ |B| (the magnitude of the summed products, per element):
+
+* fp32 accumulation (the CPU: torch's CPU ``_scaled_mm`` multiplies upcast operands in fp32): d <= K u terms.
+* Hopper's FP8 tensor cores (H100, H200): not fp32 inside an MMA instruction. One wgmma step adds K_STEP = 32
+  products to the running sum in a fixed-point window about 13 bits below the largest addend and truncates
+  (reverse-engineered: a 13-bit truncating accumulator for e5m2 wgmma on the H100, the public
+  tensor-cores-numerical-behavior probes and Khattak & Mikaitis 2025; DeepSeek-V3's report: "about 14 bits"), so
+  a step can lose a few units of 2^-13 of its largest addend, and every addend (a product or a running sum) is
+  at most ``terms``. We allow FP8_STEP_ERR = 2^-11 (4 such units) of ``terms`` per step, ceil(K / 32) steps, plus
+  the fp32 additions around them: d <= (ceil(K / 32) 2^-11 + K u) terms. This is an estimate with a margin, not a
+  worst case of a documented design (NVIDIA documents none): on one H200 (issue 31) the FP8 head's dx (K = 208)
+  showed at least 2^-12.5 terms before its rounding (where the fp32 bound, 208 u = 2^-16.3, failed on 16 of 1536
+  elements, each by less than half a bf16 ulp); float64 simulations of that product (the same operands) under
+  hardware models of that kind (windows of 13 to 23 bits, truncation toward zero or toward -inf, 4 to 32
+  products per step) stay within the bound, at most 0.86 of it for the crudest (a 13-bit window truncating
+  toward -inf every 4 products, which would also fail the fp32 bound on ~200 elements, not 16). cuBLAS without
+  fast accumulation moves the running sum to an fp32 register every few steps (the K u term), which only
+  shortens the truncated stretches, so one bound serves both settings. A wrong scale, operand
+  or layout is off by a share of |ref| (a factor, or O(terms)); the bound at K = 208 is 2^-8 |ref| + 3.4e-3 terms,
+  about 1.5% of a typical element there (|ref| ~ 0.3 terms). For long sums (K = 50304: 0.77 terms) the bound is
+  weak and a test pins the op's composition by another check (the same ``_scaled_mm`` call restated from the
+  specification's operands must give the same bits).
+
 Bitwise ops (transposes, copies, gathers) are compared with ``torch.equal`` and need no tolerance.
 
 Every comparison goes through :func:`assert_close_report` (rule 3: :func:`assert_rounded_e5m2`, rule 4:
-:func:`assert_sum_in_any_order`), which prints
-max abs/rel error, the worst index, and any NaN/inf mismatch, so a failing test says what went wrong.
+:func:`assert_sum_in_any_order`, rule 5: :func:`assert_fp8_gemm`), which prints max abs/rel error, the
+worst index, and any NaN/inf mismatch, so a failing test says what went wrong.
 """
 import math
 
@@ -113,6 +139,10 @@ FLOOR = dict(UNIT_ROUNDOFF)
 E5M2_MIN_NORMAL = 2.0 ** -14        # below: subnormals, multiples of 2^-16
 E5M2_OVERFLOW = 61440.0             # |v| >= this rounds to inf (halfway between 57344 and 65536, ties to even)
 E5M2_FP32_ULPS = 2.0 ** 10          # fp32 error before the rounding, in units of u_fp32 x the terms' magnitude
+
+# Rule 5 (FP8 GEMMs): products per tensor-core MMA step and the error allowed per step, of the terms' magnitude.
+FP8_K_STEP = 32
+FP8_STEP_ERR = 2.0 ** -11
 
 
 def unit_roundoff(dtype):
@@ -292,6 +322,41 @@ def assert_two_sums_in_any_order(a, b, n, abs_sum, *, name="sum"):
     bound = 2 * gamma(n - 1) * torch.as_tensor(abs_sum, dtype=torch.float64)
     assert_close_report(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
                         atol=bound.max().item(), name=f"{name} (two orders of {n} fp32 terms)")
+
+def fp8_gemm_accumulation_error(K, accumulation):
+    """Rule 5's d / terms for a K-term FP8 dot product: ``"fp32"`` (the CPU) or ``"tensor_core"`` (a CUDA GPU)."""
+    u = UNIT_ROUNDOFF[torch.float32]
+    if accumulation == "fp32":
+        return K * u
+    if accumulation == "tensor_core":
+        return math.ceil(K / FP8_K_STEP) * FP8_STEP_ERR + K * u
+    raise ValueError(f"accumulation must be 'fp32' or 'tensor_core', not {accumulation!r}")
+
+
+def assert_fp8_gemm(actual, expected64, terms, K, accumulation, *, name="output"):
+    """Rule 5: ``actual`` (bf16 or fp16 output of an FP8 GEMM over K terms) within 2^-8 |ref| (one rounding of the
+    output, u of its dtype) plus (1 + u) times the accumulation error of ``accumulation`` (see the module
+    docstring) times ``terms`` = |A| @ |B|, elementwise."""
+    u_out = UNIT_ROUNDOFF[actual.dtype]
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected64.detach().to("cpu", torch.float64)
+    t = terms.detach().to("cpu", torch.float64).abs()
+    if a.shape != e.shape or t.shape != e.shape:
+        raise AssertionError(f"{name}: shape mismatch {tuple(a.shape)} vs {tuple(e.shape)} (terms {tuple(t.shape)})")
+    d = fp8_gemm_accumulation_error(K, accumulation) * t
+    bound = u_out * e.abs() + (1 + u_out) * d
+    ok = (a - e).abs() <= bound
+    if not bool(ok.all()):
+        over = torch.where(ok, torch.zeros_like(e), torch.nan_to_num((a - e).abs() / bound, nan=math.inf))
+        flat = int(over.reshape(-1).argmax())
+        idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)]
+        raise AssertionError(
+            f"{name}: {int((~ok).sum())} of {a.numel()} elements off by more than one output rounding plus the "
+            f"{accumulation} accumulation error over K = {K} terms; worst at {idx}: got "
+            f"{a.reshape(-1)[flat].item():.6e}, reference {e.reshape(-1)[flat].item():.6e}, bound "
+            f"{bound.reshape(-1)[flat].item():.3e} (terms "
+            f"{t.reshape(-1)[flat].item():.3e})\n" + _describe(a, e))
+
 
 def assert_all_written(out, name="output"):
     """Outputs are prefilled with NaN before the kernel runs; any NaN left means an element was skipped."""
