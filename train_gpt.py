@@ -36,12 +36,10 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
-  * fp8_head: the training head's matmuls in FP8 and its loss in one op (`fp8_head_ce`: e4m3 x and W, fixed
-    scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its transpose for dW) where
-    CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:`
-    line says which ran). Evaluation always uses the bf16 head. Measured on one H200 (2026-11-25,
-    benchmarks/cross_entropy.py): the head's whole backward 4.37 ms at N=16384 against 10.67 ms for the
-    eager cast and transposed copy it replaced.
+  * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
+    e4m3 x and W, fixed scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its
+    transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the
+    log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
@@ -139,8 +137,8 @@ from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
-from kernels.cross_entropy import (softcapped_cross_entropy, softcapped_cross_entropy_bwd_e5m2,
-                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
+                                   softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import ceilings_for, git_sha
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
@@ -828,82 +826,6 @@ def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
         e = torch.cat([e[:1], e[1:] + g * e[:-1]])
     x0 = rms_norm(e)
     return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
-
-
-# FP8 LM head (training only). Scales as in the public record: x is RMS-normed (|x| <= 100 fits e4m3's 448
-# after / x_s), the head's weights are small (|w| <= 1.6); the gradient scale follows our loss normalisation
-# (mean over the N rows of a micro-batch, / SLOTS): grad_s = FP8_GRAD_S / (N * SLOTS) puts the largest
-# gradients (~1/(N*SLOTS)) near 600 in e5m2, as the record's scale does for its summed loss.
-FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
-
-
-@torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
-def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
-                w_s: float, grad_s: float, A: float, B: float,
-                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training head and its loss in one op: per-row losses (N,) fp32 of kernels.cross_entropy's soft-capped
-    multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
-    accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
-    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
-    x8 = (x / x_s).to(torch.float8_e4m3fn)
-    w8 = (w / w_s).to(torch.float8_e4m3fn)
-    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
-    logits = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
-                              use_fast_accum=True)
-    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
-    return losses, logits, stats, x8, w8
-
-
-@fp8_head_ce.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
-    N, V = x.shape[0], w.shape[1]
-    return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
-            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
-
-
-@torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
-def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
-                    weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient as e5m2 (dlogits / grad_s,
-    g8 (N, V)) and kernels.transpose its transpose (g8t (V, N)): the two layouts the FP8 matmuls need, with no
-    bf16 gradient in between. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
-    accumulation (no fast accumulation in the backward, as in the record)."""
-    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
-    one = torch.ones((), dtype=torch.float32, device=grad.device)
-    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
-    dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
-    return dx, dw
-
-
-@fp8_head_ce_bwd.register_fake
-def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
-    return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
-
-
-def _fp8_head_ce_setup(ctx, inputs, output):
-    _, _, targets, weights, *ctx.consts = inputs
-    _, logits, stats, x8, w8 = output
-    ctx.save_for_backward(logits, stats, targets, weights, x8, w8)
-    ctx.mark_non_differentiable(logits, stats, x8, w8)
-
-
-def _fp8_head_ce_backward(ctx, grad_losses, *_):
-    dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 8
-
-
-fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
-
-
-def fp8_head_support(device):
-    """(usable, reason): torch._scaled_mm with e4m3 needs a CUDA GPU of capability >= 8.9 (Ada, Hopper)."""
-    if device.type != "cuda":
-        return False, f"no FP8 matmul on {device.type}"
-    cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        return False, f"capability {cap[0]}.{cap[1]} < 8.9"
-    return True, f"capability {cap[0]}.{cap[1]}"
 
 
 SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
