@@ -99,19 +99,14 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 (StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
-import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import math
 import os
 import queue
 import sys
-import textwrap
 import threading
 import time
-import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +128,7 @@ from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
 from evaluation import GPT2_VOCAB, HellaSwag, generate, hellaswag_scores, real_vocab
+from flags import ArgumentParser, add_dataclass_flags, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
@@ -402,11 +398,6 @@ def check_world_size(world_size):
 
 class UnsupportedWorldSize(SettingsError):
     """The number of processes does not divide the global batch's micro-batches."""
-
-
-def launch_rank():
-    """This process's rank as torchrun set it (0 without torchrun), readable before the process group exists."""
-    return int(os.environ.get("RANK", "0"))
 
 
 @dataclass
@@ -2212,67 +2203,6 @@ FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
 
 
-def field_comments(cls=None):
-    """{field: its same-line comment} of the Hyperparameters dataclass, read from the source: the help text
-    of the generated flags, so each knob is documented once."""
-    cls = cls or Hyperparameters
-    lines, first = inspect.getsourcelines(cls)
-    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
-                for tok in tokenize.generate_tokens(iter(lines).__next__) if tok.type == tokenize.COMMENT}
-    out = {}
-    for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
-        if isinstance(node, ast.AnnAssign) and node.end_lineno in comments:
-            out[node.target.id] = comments[node.end_lineno]
-    return out
-
-
-def _tuple_parser(elem_type):
-    def parse(text):
-        try:
-            return tuple(elem_type(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {elem_type.__name__}, "
-                                             f"got {text!r}") from None
-    parse.__name__ = f"{elem_type.__name__} list"
-    return parse
-
-
-def add_hyperparameter_flags(p, smoke):
-    """One flag per Hyperparameters field: --field-name (plus FLAG_ALIASES), typed from the field, help from
-    its comment and the default of the config that applies (the smoke config's with --smoke); bools as --x /
-    --no-x, tuples as comma lists. Unset flags stay None (keep the default). Values are checked by
-    check_settings."""
-    comments = field_comments()
-    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
-    g = p.add_argument_group(f"hyperparameters (defaults: {config})")
-    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
-    for f in dataclasses.fields(Hyperparameters):
-        if f.name in NOT_FLAGS:
-            continue
-        names = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
-        default = getattr(defaults, f.name)
-        shown = ("from the shards (--vocab-from-data)" if defaults.vocab_from_data and f.name in ("vocab_size", "bos_id")
-                 else repr(default))
-        kw = dict(dest=f.name, default=None, help=f"{comments[f.name]} (default: {shown})")
-        if f.type is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif f.type is tuple:
-            kw.update(type=_tuple_parser(type(default[0]) if default else int), metavar="A,B,...")
-        else:
-            kw["type"] = f.type
-        g.add_argument(*names, **kw)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are printed by rank 0 only (torchrun starts one process per rank); every
-    rank exits with code 2."""
-
-    def error(self, message):
-        if launch_rank() == 0:
-            super().error(message)
-        self.exit(2)
-
-
 def parse_args(argv):
     argv = sys.argv[1:] if argv is None else argv
     p = ArgumentParser(
@@ -2283,7 +2213,14 @@ def parse_args(argv):
                "1, 2, 3 tokens (weights 1, .5, .25 at the start), so about 1.75 x ln(vocab_size) = 18.9 at step 1 "
                "for GPT-2's vocabulary; val_loss is the next-token loss alone (ln(50304) = 10.8 untrained). "
                "Every setting is checked before any work: a bad one is one line naming the flag, exit code 2.")
-    add_hyperparameter_flags(p, smoke="--smoke" in argv)
+    smoke = "--smoke" in argv
+    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
+    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
+    from_data = ("vocab_size", "bos_id") if defaults.vocab_from_data else ()
+    # Values are checked by check_settings.
+    add_dataclass_flags(p.add_argument_group(f"hyperparameters (defaults: {config})"), Hyperparameters, defaults,
+                        FLAG_ALIASES, NOT_FLAGS,
+                        shown=lambda name, v: "from the shards (--vocab-from-data)" if name in from_data else repr(v))
     p.add_argument("--run-id", help="name of the run: its log is LOG_DIR/RUN_ID.txt, its checkpoints "
                                     "CHECKPOINT_DIR/RUN_ID/step_NNNNNN; an id whose log or checkpoint folder "
                                     "exists is refused (default: date_time_random, new for each run)")

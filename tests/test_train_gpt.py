@@ -23,6 +23,7 @@ from tolerances import assert_close_report, assert_matches_torch
 import run_log
 import train_gpt as tg
 from data.shards import write_shard
+from flags import field_comments
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -1021,7 +1022,7 @@ def test_help_lists_every_hyperparameter_with_its_comment():
             assert flag not in flat
             continue
         assert flag in flat, f"--help lacks {flag}"
-    comments = tg.field_comments()
+    comments = field_comments(tg.Hyperparameters)
     assert set(comments) == {f.name for f in dataclasses.fields(tg.Hyperparameters)}, "a field has no comment"
     assert comments["muon_beta2"] == "NorMuon second-moment decay" and comments["muon_beta2"] in flat
 
