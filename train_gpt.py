@@ -9,6 +9,13 @@ Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `-
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
+This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
+data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
+it imports (they import nothing from it): run_log.py (the log's copy of the code, its header), compilation.py
+(the compile report, --compile-cache), profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling)
+and flags.py (the flags made from Hyperparameters); kernels/ holds the Triton kernels and the FP8 head op,
+data/ the shard format and the HellaSwag set.
+
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
 output projection zero-initialised), five value-embedding tables mixed into the attention values of layers 1,
@@ -20,8 +27,8 @@ All of it, and the optimizer settings (PARAMS), follow record #74.
 Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
   * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
     token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
-    embedding kernel in the loader thread; added to
-    lane 0 before layer 0 and after every later attention sublayer with per-layer `bigram_lambdas`.
+    embedding kernel in the loader thread; added to lane 0 before layer 0 and after every later attention
+    sublayer with per-layer `bigram_lambdas`.
   * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
     heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
     head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
@@ -43,22 +50,20 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
-then score its candidates differently from one at a time: 4.3e-3 nats at most in the HellaSwag pack test);
-the bigram gradient is reduced densely (reduce-scatter of the whole table like the other embeddings; the
-record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
-(2i, 2i + 1) (a fixed permutation of the head dims); the training loss is the mean over rows (the record sums),
-and the FP8 gradient scale is divided by the rows accordingly; every parameter has an fp32 master (the record
-updates its bf16 tables and gates in place) and gradients accumulate in fp32. Measured together
-(records/2026-11-25_LossParity1xH200): these deviations cost no loss at equal steps.
+then score its candidates differently from one at a time); the bigram gradient is reduced densely
+(reduce-scatter of the whole table like the other embeddings; the record sends only the touched rows); rotary
+rotates the pairs (i, i + D/2) rather than (2i, 2i + 1) (a fixed permutation of the head dims); the training
+loss is the mean over rows (the record sums), and the FP8 gradient scale is divided by the rows accordingly;
+every parameter has an fp32 master (the record updates its bf16 tables and gates in place) and gradients
+accumulate in fp32. With them, records/2026-11-25_LossParity1xH200 measured record #74's loss at equal
+steps.
 
-Parameters: the table PARAMS (Parameters section) lists each with its optimizer, lr multiplier, betas, decay,
-cadence, dtype and whether the compiled region reads it: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv,
-Wo] per attention layer, `mlp_bank` (n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored
-transposed so every MLP matrix is tall), `embed` (50304, 768), `lm_head` (768, 50304), `value_embeds`
-(n_ve*50304, 768), `bigram_embed` (bigram_vocab_size, 768) bf16; fp32: gates (`attn_gate`, `ve_gate`,
-`smear_gate`, `skip_gate`), `resid_lambdas`, `post_lambdas`, `x0_lambdas`, `bigram_lambdas` and `scalars`
-(attention lambdas, smear, backout and skip lambdas). The feature parameters exist whatever the flags: a
-disabled feature leaves them untouched (zero gradient).
+Parameters: the table PARAMS (Parameters section), one row per parameter: its optimizer, lr multiplier,
+betas, decay, cadence, dtype and whether the compiled region reads it; init_params makes them (shapes and
+initial values). Every hidden matrix lives in one of two Muon banks: `attn_bank` = [Wq, Wk, Wv, Wo] per
+attention layer, `mlp_bank` = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is
+tall). The feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero
+gradient).
 
 Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
 tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
@@ -73,20 +78,20 @@ kernels over the documents, a sliding window, no templates to compile), the FP8 
 head's CE kernel. The log has a `compile_phase:` line per warmup phase, `compile_warmup_s`, `compile_cache:`
 (cold, warm, or loaded from --compile-cache PATH, which keeps the compiled artefacts with a version stamp)
 and `compile_report:` lines (per compiled frame: dynamo, AOT autograd, inductor and Triton seconds).
-Evaluation and sampling run the same functions eagerly (no compilation).
+The inputs of every call, training, validation, evaluation and sampling, come from one function
+(`model_inputs`); evaluation and sampling run the same layers eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
 backward as soon as its gradient is complete: the compiled region's parameters together when its backward
 ends, the embedding tables after their own backward kernels; the others in the optimizer step), then per
-shard: Muon for the
-two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
-kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
-bf16 cast) and fused AdamW with fp32 masters and cautious weight decay (kernels.adam.fused_adamw_multi_step,
-all Adam groups in one call) for the rest; the updated shards are all-gathered. The Adam parameters (PARAMS'
-slow rows: all of them, as in the record) are reduced and updated only every `adam_every` steps, on the
-gradients summed since their last update. While tied,
+shard: Muon for the two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(
+normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on
+an fp32 master, bf16 cast) and fused AdamW with fp32 masters and cautious weight decay
+(kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
+all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are reduced and updated
+only every `adam_every` steps, on the gradients summed since their last update. While tied,
 kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
 kernels.transpose.transpose_copy writes the head back into the embedding.
 
@@ -154,7 +159,7 @@ class Hyperparameters:
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # glob of training shards
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # glob of validation shards (the first is used)
     val_tokens: int = 10_485_760  # validation tokens (fewer if the val shard is smaller; rounded to micro-batches)
-    val_micro_tokens: int = 262_144  # tokens per validation micro-batch, one contiguous chunk (the record's)
+    val_micro_tokens: int = 262_144  # tokens per validation micro-batch: a contiguous chunk, its own compiled graph
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
     vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := their first id
     # model
@@ -175,7 +180,7 @@ class Hyperparameters:
     softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
     # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
     bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
-    bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last one is reserved for position 0)
+    bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last is reserved: position 0 and each BOS)
     paired_heads: bool = True  # paired-head attention in paired_head_layers
     paired_head_layers: tuple = (0, 2, 5, 9)  # layers where head h and head h + H/2 attend as one interleaved head
     mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
@@ -553,7 +558,7 @@ def scalar_views(hp, scalars):
 
 
 # -----------------------------------------------------------------------------
-# Model pieces (each compiled once; weights are arguments)
+# Model pieces: functions of tensors (weights are arguments), traced into the compiled region by build_fns
 
 
 def rms_norm(x):
@@ -828,8 +833,8 @@ SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
 
 def head_mm(x, lm_head):
     """x (N, C) @ lm_head (C, V). On the CPU, bf16 operands are multiplied in fp32 and the product rounded once to
-    bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and 6x faster on a 2-core AVX2 CPU than
-    torch's CPU bf16 kernel (0.69 s against 0.11 s for 256 x 64 @ 64 x 50304), the smoke run's largest cost."""
+    bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and faster than torch's CPU bf16 kernel (the
+    smoke run's largest cost; records/README.md, "Measurements behind the code")."""
     if x.device.type == "cpu" and x.dtype == torch.bfloat16:
         return (x.float() @ lm_head.float()).to(x.dtype)
     return x @ lm_head
@@ -1112,7 +1117,7 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 
 # -----------------------------------------------------------------------------
-# Optimizer: sharded Muon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
+# Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
 
 def is_muon(name):
     return PARAMS[name].optim == "muon"
@@ -1195,6 +1200,13 @@ class Group:
 
 
 class Optimizer:
+    """Sharded NorMuon (the banks) and AdamW (the rest) over the parameters of PARAMS, one Group each.
+
+    Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
+    accumulator), before_last_backward(slow) ahead of the last one (due reduce-scatters then start during it),
+    then step(). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives the
+    embedding its own state; state_dict / load_state_dict hold this rank's shards."""
+
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
         self.k = step_kernels(d.device)
@@ -1562,16 +1574,6 @@ def val_batches(hp, tokens, n_micro, d):
 
 
 # -----------------------------------------------------------------------------
-# Logging
-
-
-def matmul_params(hp):
-    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
-    C = hp.model_dim
-    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
-
-
-# -----------------------------------------------------------------------------
 # Checkpoints
 
 
@@ -1906,6 +1908,12 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
     trainer.loader.close()
     return train_ms, stage_ms
+
+
+def matmul_params(hp):
+    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
+    C = hp.model_dim
+    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
 
 
 def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup):
@@ -2263,9 +2271,8 @@ def hyperparameters_from(args):
 def keep_freed_memory():
     """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
     allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
-    each afresh (mmap above 32 MB, trim after free) and every page faults again: 53 s of system time in a 100 s
-    --smoke run on GPT-2 shards (2 cores), 1.6 s with these settings. No effect where glibc is not the
-    allocator."""
+    each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
+    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6")
