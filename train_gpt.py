@@ -9,6 +9,13 @@ Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `-
 names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
 (`STAGES`, schedule section) is edited in the code.
 
+This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
+data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
+it imports (they import nothing from it): run_log.py (the log's copy of the code, its header), compilation.py
+(the compile report, --compile-cache), profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling)
+and flags.py (the flags made from Hyperparameters); kernels/ holds the Triton kernels and the FP8 head op,
+data/ the shard format and the HellaSwag set.
+
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
 output projection zero-initialised), five value-embedding tables mixed into the attention values of layers 1,
@@ -20,8 +27,8 @@ All of it, and the optimizer settings (PARAMS), follow record #74.
 Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
   * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
     token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
-    embedding kernel in the loader thread; added to
-    lane 0 before layer 0 and after every later attention sublayer with per-layer `bigram_lambdas`.
+    embedding kernel in the loader thread; added to lane 0 before layer 0 and after every later attention
+    sublayer with per-layer `bigram_lambdas`.
   * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
     heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
     head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
@@ -36,31 +43,27 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
-  * fp8_head: the training head's matmuls in FP8 and its loss in one op (`fp8_head_ce`: e4m3 x and W, fixed
-    scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its transpose for dW) where
-    CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:`
-    line says which ran). Evaluation always uses the bf16 head. Measured on one H200 (2026-11-25,
-    benchmarks/cross_entropy.py): the head's whole backward 4.37 ms at N=16384 against 10.67 ms for the
-    eager cast and transposed copy it replaced.
+  * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
+    e4m3 x and W, fixed scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its
+    transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the
+    log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
-then score its candidates differently from one at a time: 4.3e-3 nats at most in the HellaSwag pack test);
-the bigram gradient is reduced densely (reduce-scatter of the whole table like the other embeddings; the
-record sends only the touched rows); rotary rotates the pairs (i, i + D/2) rather than
-(2i, 2i + 1) (a fixed permutation of the head dims); the training loss is the mean over rows (the record sums),
-and the FP8 gradient scale is divided by the rows accordingly; every parameter has an fp32 master (the record
-updates its bf16 tables and gates in place) and gradients accumulate in fp32. Measured together
-(records/2026-11-25_LossParity1xH200): these deviations cost no loss at equal steps.
+then score its candidates differently from one at a time); the bigram gradient is reduced densely
+(reduce-scatter of the whole table like the other embeddings; the record sends only the touched rows); rotary
+rotates the pairs (i, i + D/2) rather than (2i, 2i + 1) (a fixed permutation of the head dims); the training
+loss is the mean over rows (the record sums), and the FP8 gradient scale is divided by the rows accordingly;
+every parameter has an fp32 master (the record updates its bf16 tables and gates in place) and gradients
+accumulate in fp32. With them, records/2026-11-25_LossParity1xH200 measured record #74's loss at equal
+steps.
 
-Parameters: the table PARAMS (Parameters section) lists each with its optimizer, lr multiplier, betas, decay,
-cadence, dtype and whether the compiled region reads it: `attn_bank` (n_attn*4, 768, 768) bf16 = [Wq, Wk, Wv,
-Wo] per attention layer, `mlp_bank` (n_layers*2, 3072, 768) bf16 = [W_fc, W_proj^T] per layer (c_proj stored
-transposed so every MLP matrix is tall), `embed` (50304, 768), `lm_head` (768, 50304), `value_embeds`
-(n_ve*50304, 768), `bigram_embed` (bigram_vocab_size, 768) bf16; fp32: gates (`attn_gate`, `ve_gate`,
-`smear_gate`, `skip_gate`), `resid_lambdas`, `post_lambdas`, `x0_lambdas`, `bigram_lambdas` and `scalars`
-(attention lambdas, smear, backout and skip lambdas). The feature parameters exist whatever the flags: a
-disabled feature leaves them untouched (zero gradient).
+Parameters: the table PARAMS (Parameters section), one row per parameter: its optimizer, lr multiplier,
+betas, decay, cadence, dtype and whether the compiled region reads it; init_params makes them (shapes and
+initial values). Every hidden matrix lives in one of two Muon banks: `attn_bank` = [Wq, Wk, Wv, Wo] per
+attention layer, `mlp_bank` = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is
+tall). The feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero
+gradient).
 
 Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
 tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
@@ -75,20 +78,20 @@ kernels over the documents, a sliding window, no templates to compile), the FP8 
 head's CE kernel. The log has a `compile_phase:` line per warmup phase, `compile_warmup_s`, `compile_cache:`
 (cold, warm, or loaded from --compile-cache PATH, which keeps the compiled artefacts with a version stamp)
 and `compile_report:` lines (per compiled frame: dynamo, AOT autograd, inductor and Triton seconds).
-Evaluation and sampling run the same functions eagerly (no compilation).
+The inputs of every call, training, validation, evaluation and sampling, come from one function
+(`model_inputs`); evaluation and sampling run the same layers eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
 backward as soon as its gradient is complete: the compiled region's parameters together when its backward
 ends, the embedding tables after their own backward kernels; the others in the optimizer step), then per
-shard: Muon for the
-two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
-kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master,
-bf16 cast) and fused AdamW with fp32 masters and cautious weight decay (kernels.adam.fused_adamw_multi_step,
-all Adam groups in one call) for the rest; the updated shards are all-gathered. The Adam parameters (PARAMS'
-slow rows: all of them, as in the record) are reduced and updated only every `adam_every` steps, on the
-gradients summed since their last update. While tied,
+shard: Muon for the two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(
+normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on
+an fp32 master, bf16 cast) and fused AdamW with fp32 masters and cautious weight decay
+(kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
+all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are reduced and updated
+only every `adam_every` steps, on the gradients summed since their last update. While tied,
 kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
 kernels.transpose.transpose_copy writes the head back into the embedding.
 
@@ -101,23 +104,14 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 (StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
-import argparse
-import ast
 import dataclasses
-import hashlib
-import inspect
 import json
 import math
 import os
-import platform
 import queue
-import shutil
-import subprocess
 import sys
-import textwrap
 import threading
 import time
-import tokenize
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,22 +127,25 @@ if not torch.cuda.is_available():
 import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
-import triton
 
-from data.hellaswag import HellaSwagError, load_examples, render
+from compilation import compile_metrics, log_compilation, open_compile_cache, unique_graphs
+from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, load_shard, shard_files
+from evaluation import GPT2_VOCAB, HellaSwag, generate, hellaswag_scores, real_vocab
+from flags import ArgumentParser, add_dataclass_flags, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
-from kernels.cross_entropy import (softcapped_cross_entropy, softcapped_cross_entropy_bwd_e5m2,
-                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
+                                   softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
-from kernels.hardware import ceilings_for, git_sha
+from kernels.hardware import ceilings_for
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
+from profiling import profile
+from run_log import Logger, header_lines, source_dump
 
-REPO = Path(__file__).resolve().parent
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
 
@@ -162,7 +159,7 @@ class Hyperparameters:
     train_files: str = "data/fineweb10B/fineweb_train_*.bin"  # glob of training shards
     val_files: str = "data/fineweb10B/fineweb_val_*.bin"  # glob of validation shards (the first is used)
     val_tokens: int = 10_485_760  # validation tokens (fewer if the val shard is smaller; rounded to micro-batches)
-    val_micro_tokens: int = 262_144  # tokens per validation micro-batch, one contiguous chunk (the record's)
+    val_micro_tokens: int = 262_144  # tokens per validation micro-batch: a contiguous chunk, its own compiled graph
     bos_id: int = 50256  # GPT-2 <|endoftext|>, which starts every document
     vocab_from_data: bool = False  # vocab_size := max id in the shards + 1 rounded up to 128; bos_id := their first id
     # model
@@ -183,7 +180,7 @@ class Hyperparameters:
     softcap: float = 23.0  # logits -> softcap * sigmoid((logits + 5) / 7.5)
     # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
     bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
-    bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last one is reserved for position 0)
+    bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last is reserved: position 0 and each BOS)
     paired_heads: bool = True  # paired-head attention in paired_head_layers
     paired_head_layers: tuple = (0, 2, 5, 9)  # layers where head h and head h + H/2 attend as one interleaved head
     mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
@@ -287,15 +284,19 @@ TUPLE_STAGE_FIELDS = ("windows", "mtp_start", "mtp_end")
 # multi-token prediction weights [1, .5, .25 -> 0] -> [1, .5 -> 0] -> [1]; documents cut to 896 tokens in the
 # first stage (short windows: more, shorter documents per batch), 2048 after.
 STAGES = (
-    Stage(1 / 3, 8 * 2048 * 8, (1, 3), 1.0, 896, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
-    Stage(2 / 3, 16 * 2048 * 8, (3, 7), 1.52, 2048, (1.0, 0.5), (1.0, 0.0)),
-    Stage(1.0, 24 * 2048 * 8, (5, 11), 1.73, 2048),
-    Stage(None, 24 * 2048 * 8, (6, 13), 1.0, 2048),
+    Stage(end_frac=1 / 3, batch_tokens=8 * 2048 * 8, windows=(1, 3), lr_mul=1.0, max_doc_len=896,
+          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0)),
+    Stage(end_frac=2 / 3, batch_tokens=16 * 2048 * 8, windows=(3, 7), lr_mul=1.52, max_doc_len=2048,
+          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0)),
+    Stage(end_frac=1.0, batch_tokens=24 * 2048 * 8, windows=(5, 11), lr_mul=1.73, max_doc_len=2048),
+    Stage(end_frac=None, batch_tokens=24 * 2048 * 8, windows=(6, 13), lr_mul=1.0, max_doc_len=2048),
 )
 SMOKE_STAGES = (
-    Stage(1 / 2, 8 * 128, (1, 1), 1.0, 96, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0)),
-    Stage(1.0, 8 * 256, (1, 2), 1.2, 192, (1.0, 0.5), (1.0, 0.0)),
-    Stage(None, 8 * 256, (2, 2), 1.0, 192),
+    Stage(end_frac=1 / 2, batch_tokens=8 * 128, windows=(1, 1), lr_mul=1.0, max_doc_len=96,
+          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0)),
+    Stage(end_frac=1.0, batch_tokens=8 * 256, windows=(1, 2), lr_mul=1.2, max_doc_len=192,
+          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0)),
+    Stage(end_frac=None, batch_tokens=8 * 256, windows=(2, 2), lr_mul=1.0, max_doc_len=192),
 )
 
 
@@ -404,11 +405,6 @@ class UnsupportedWorldSize(SettingsError):
     """The number of processes does not divide the global batch's micro-batches."""
 
 
-def launch_rank():
-    """This process's rank as torchrun set it (0 without torchrun), readable before the process group exists."""
-    return int(os.environ.get("RANK", "0"))
-
-
 @dataclass
 class Dist:
     rank: int = 0
@@ -474,33 +470,35 @@ def padded_rows(rows, world):
 class Param:
     """One row of the parameter table: everything the optimizer and the model need to know about a parameter."""
     optim: str  # "muon" (NorMuon on its matrices) or "adam"
-    lr_mul: float = 1.0  # Adam: multiplier of adam_lr (Muon: the shape and mlp_proj_lr_mul set it)
+    lr_mul: float = 1.0  # Adam: multiplier of adam_lr (Muon: max(1, rows / cols) ** 0.5 per matrix)
     betas: tuple = (0.9, 0.95)  # Adam (beta1, beta2)
     wd_mul: float = 0.0  # Adam: cautious decay adam_wd * wd_mul * lr^2 per update (Muon: muon_wd)
     slow: bool = True  # Adam: reduced and updated every adam_every steps, on the summed gradients
     matrix: bool = False  # stored in hp.param_dtype (bf16) with an fp32 master in the optimizer; else fp32
     region: bool = True  # read inside the compiled region (False: by the eager embedding lookups before it)
+    proj: bool = False  # Muon: its odd matrices are W_proj^T, whose lr is mlp_proj_lr_mul times the others'
 
 
 # Every parameter, in reduce order: small Adam tensors first, then the big ones whose update waits longest
 # (embed after lm_head: while tied its gradient is folded into the head's), the Muon banks last. The values
 # are record #74's param_table; every Adam parameter steps on the odd steps only (adam_every=2), as there.
+# Shapes and meaning: init_params.
 PARAMS = {
-    "scalars": Param("adam", 5.0, (0.9, 0.99)),  # attention lambdas, smear, backout and skip lambdas
-    "resid_lambdas": Param("adam", 5.0, (0.9, 0.95)),  # (L, 2) residual scale per sublayer
-    "post_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L, 2, 2) sublayer output weight per lane
-    "x0_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L,) weight of x0 added after each attention
-    "bigram_lambdas": Param("adam", 1.0, (0.9, 0.95)),  # (L,) weight of the bigram embedding per layer
-    "smear_gate": Param("adam", 0.01, (0.9, 0.99)),  # (1, G)
-    "skip_gate": Param("adam", 0.05, (0.9, 0.99)),  # (1, G) input gate of the U-net skip
-    "attn_gate": Param("adam", 1.0, (0.9, 0.99), wd_mul=1.0),  # (n_attn, H, G)
-    "ve_gate": Param("adam", 1.0, (0.9, 0.99), wd_mul=1.0),  # (layers with a value embedding, H, G)
-    "lm_head": Param("adam", 1.0, (0.5, 0.95), 150.0, matrix=True),  # (C, V), tied to embed at first
-    "value_embeds": Param("adam", 75.0, (0.75, 0.95), 5.0, matrix=True, region=False),  # (n_ve * V, C)
-    "bigram_embed": Param("adam", 75.0, (0.75, 0.95), 5.0, matrix=True, region=False),  # (bigram rows, C)
-    "embed": Param("adam", 1.0, (0.5, 0.95), 150.0, matrix=True, region=False),  # (V, C)
-    "attn_bank": Param("muon", matrix=True),  # (n_attn * 4, C, C): [Wq, Wk, Wv, Wo] per attention layer
-    "mlp_bank": Param("muon", matrix=True),  # (L * 2, mlp_dim, C): [W_fc, W_proj^T] per layer
+    "scalars":        Param("adam", lr_mul=5.0,  betas=(0.9, 0.99)),
+    "resid_lambdas":  Param("adam", lr_mul=5.0,  betas=(0.9, 0.95)),
+    "post_lambdas":   Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "x0_lambdas":     Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "bigram_lambdas": Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "smear_gate":     Param("adam", lr_mul=0.01, betas=(0.9, 0.99)),
+    "skip_gate":      Param("adam", lr_mul=0.05, betas=(0.9, 0.99)),
+    "attn_gate":      Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "ve_gate":        Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "lm_head":        Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
+    "value_embeds":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "bigram_embed":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "embed":          Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
+    "attn_bank":      Param("muon", matrix=True),
+    "mlp_bank":       Param("muon", matrix=True, proj=True),
 }
 
 
@@ -529,20 +527,20 @@ def init_params(hp, device, seed):
             torch.tensor([0.5, 1.0]).repeat(n_attn),  # attention lambdas: (W_qkv, W_o) multipliers per layer
             torch.tensor([0.0, 0.5, -1.5]),  # smear_lambda, backout_lambda, skip_lambda (sigmoid(-1.5) ~ 0.18)
         ]),
-        "resid_lambdas": torch.full((L, 2), 1.1 ** 0.5),  # the residual grows by 1.1 per layer at init
-        "post_lambdas": post,
-        "x0_lambdas": torch.zeros(L),
-        "bigram_lambdas": torch.full((L,), 0.05),
+        "resid_lambdas": torch.full((L, 2), 1.1 ** 0.5),  # residual scale per sublayer: x1.1 per layer at init
+        "post_lambdas": post,  # sublayer output weight per lane
+        "x0_lambdas": torch.zeros(L),  # weight of x0 added after each attention
+        "bigram_lambdas": torch.full((L,), 0.05),  # weight of the bigram embedding per layer
         "smear_gate": torch.zeros(1, G),  # smear gate = smear_lambda * sigmoid(e[t, :G] . w)
         "skip_gate": torch.zeros(1, G),  # skip gate = sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . w)
-        "attn_gate": torch.zeros(n_attn, H, G),
-        "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, G),
-        "lm_head": head,
-        "value_embeds": torch.randn(hp.num_ve * V, C, generator=g) * 0.01,
+        "attn_gate": torch.zeros(n_attn, H, G),  # output gate per attention layer and head
+        "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, G),  # per layer with a value embedding
+        "lm_head": head,  # (C, V): stored transposed
+        "value_embeds": torch.randn(hp.num_ve * V, C, generator=g) * 0.01,  # the num_ve tables, stacked
         "bigram_embed": torch.zeros(hp.bigram_vocab_size, C),  # zero-initialised, as in the public record
         "embed": head.T.contiguous(),  # tied to lm_head at init
-        "attn_bank": uniform(n_attn * 4, C, C),
-        "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),
+        "attn_bank": uniform(n_attn * 4, C, C),  # [Wq, Wk, Wv, Wo] per attention layer
+        "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),  # [W_fc, W_proj^T] per layer
     }
     # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused), so the
     # optimizer's table and a checkpoint's keys do not depend on the flags.
@@ -560,7 +558,7 @@ def scalar_views(hp, scalars):
 
 
 # -----------------------------------------------------------------------------
-# Model pieces (each compiled once; weights are arguments)
+# Model pieces: functions of tensors (weights are arguments), traced into the compiled region by build_fns
 
 
 def rms_norm(x):
@@ -830,89 +828,13 @@ def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
     return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
 
 
-# FP8 LM head (training only). Scales as in the public record: x is RMS-normed (|x| <= 100 fits e4m3's 448
-# after / x_s), the head's weights are small (|w| <= 1.6); the gradient scale follows our loss normalisation
-# (mean over the N rows of a micro-batch, / SLOTS): grad_s = FP8_GRAD_S / (N * SLOTS) puts the largest
-# gradients (~1/(N*SLOTS)) near 600 in e5m2, as the record's scale does for its summed loss.
-FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
-
-
-@torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
-def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
-                w_s: float, grad_s: float, A: float, B: float,
-                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training head and its loss in one op: per-row losses (N,) fp32 of kernels.cross_entropy's soft-capped
-    multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
-    accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
-    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
-    x8 = (x / x_s).to(torch.float8_e4m3fn)
-    w8 = (w / w_s).to(torch.float8_e4m3fn)
-    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
-    logits = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
-                              use_fast_accum=True)
-    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
-    return losses, logits, stats, x8, w8
-
-
-@fp8_head_ce.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
-    N, V = x.shape[0], w.shape[1]
-    return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
-            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
-
-
-@torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
-def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
-                    weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient as e5m2 (dlogits / grad_s,
-    g8 (N, V)) and kernels.transpose its transpose (g8t (V, N)): the two layouts the FP8 matmuls need, with no
-    bf16 gradient in between. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
-    accumulation (no fast accumulation in the backward, as in the record)."""
-    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
-    one = torch.ones((), dtype=torch.float32, device=grad.device)
-    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
-    dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
-    return dx, dw
-
-
-@fp8_head_ce_bwd.register_fake
-def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
-    return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
-
-
-def _fp8_head_ce_setup(ctx, inputs, output):
-    _, _, targets, weights, *ctx.consts = inputs
-    _, logits, stats, x8, w8 = output
-    ctx.save_for_backward(logits, stats, targets, weights, x8, w8)
-    ctx.mark_non_differentiable(logits, stats, x8, w8)
-
-
-def _fp8_head_ce_backward(ctx, grad_losses, *_):
-    dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 8
-
-
-fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
-
-
-def fp8_head_support(device):
-    """(usable, reason): torch._scaled_mm with e4m3 needs a CUDA GPU of capability >= 8.9 (Ada, Hopper)."""
-    if device.type != "cuda":
-        return False, f"no FP8 matmul on {device.type}"
-    cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        return False, f"capability {cap[0]}.{cap[1]} < 8.9"
-    return True, f"capability {cap[0]}.{cap[1]}"
-
-
 SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
 
 
 def head_mm(x, lm_head):
     """x (N, C) @ lm_head (C, V). On the CPU, bf16 operands are multiplied in fp32 and the product rounded once to
-    bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and 6x faster on a 2-core AVX2 CPU than
-    torch's CPU bf16 kernel (0.69 s against 0.11 s for 256 x 64 @ 64 x 50304), the smoke run's largest cost."""
+    bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and faster than torch's CPU bf16 kernel (the
+    smoke run's largest cost; records/README.md, "Measurements behind the code")."""
     if x.device.type == "cpu" and x.dtype == torch.bfloat16:
         return (x.float() @ lm_head.float()).to(x.dtype)
     return x @ lm_head
@@ -943,13 +865,25 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8):
 
 @dataclass
 class MicroBatch:
-    ids: torch.Tensor  # (T,) int32 inputs, on the device
-    targets: torch.Tensor  # (T,) int64
-    prep: object  # kernels.embedding.EmbeddingPrep for ids (None at validation)
+    """One sequence of documents and what the model needs of it (model_inputs makes what is None from ids)."""
+    ids: torch.Tensor  # (T,) int32 inputs
+    targets: torch.Tensor = None  # (T,) int64 (None: evaluation, no loss)
+    prep: object = None  # kernels.embedding.EmbeddingPrep for ids (None: prepared in the backward)
     cu_seqlens: torch.Tensor = None  # (n_docs + 1,) int32 doc_cu_seqlens(ids) from the host (None: made here)
     bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
     bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
     max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
+
+    def _map(self, fn):
+        tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
+        return dataclasses.replace(self, **{k: fn(getattr(self, k)) for k in tensors if getattr(self, k) is not None})
+
+    def pin_memory(self):
+        return self._map(lambda t: t.pin_memory())
+
+    def to(self, device):
+        """On ``device``, copied without blocking (from pinned memory: the copy overlaps the previous step)."""
+        return self._map(lambda t: t.to(device, non_blocking=True))
 
 
 def paired_layers(hp):
@@ -1086,26 +1020,26 @@ def make_layers(hp, attend):
 
 @dataclass
 class ModelFns:
+    """The model's functions on one device. train_step and val_step are what a run calls (compiled, with
+    compile_model, as one region each); layers and loss are their eager parts (evaluation calls layers)."""
     lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
     layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
+    loss: object  # the training head: (x, lm_head, targets, weights) -> training loss (FP8 head where chosen)
     train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights) -> training loss
     val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
-    loss: object  # head only: (x, lm_head, targets, weights) -> training loss (FP8 head where available)
-    val_loss: object  # head only, in the parameters' dtype
-    logits: object  # (x, lm_head) -> soft-capped fp32 logits
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
-    """The model functions, compiled or eager. attention: "auto" (FlashAttention on CUDA, dense SDPA on the CPU)
-    or "dense" (tests compare against a float64 reference with it on either device). Compiled (CUDA),
-    train_step and val_step are each one region (torch.compile fullgraph, one graph per micro-batch length and
-    grad mode; the number of documents is a dynamic dimension): the whole stack of layers and the head, so
-    that a micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
+    """The model functions. attention: "auto" (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests
+    compare against a float64 reference with it on either device). With compile_model (CUDA), train_step and
+    val_step are each one region (torch.compile fullgraph, one graph per micro-batch length; the number of
+    documents is a dynamic dimension): the whole stack of layers and the head with its loss, so that a
+    micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
     residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
     are opaque custom ops inside it (no Triton templates to compile). The loss uses the Triton cross-entropy
     kernel on CUDA and its PyTorch reference on the CPU. The FP8 head is chosen here, once: hp.fp8_head and
-    fp8_head_support(device), else the same matmul in the parameters' dtype."""
+    fp8_head_support(device), else the same matmul in the parameters' dtype (always, in val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -1120,9 +1054,6 @@ def build_fns(hp, device, compile_model, attention="auto"):
     def val_loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, False)
 
-    def logits(x, w):
-        return head_logits(x, w, hp.softcap)
-
     def train_step(params, e, ves, big, ids, cu, targets, tables, wk):
         return loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, wk)
 
@@ -1130,20 +1061,11 @@ def build_fns(hp, device, compile_model, attention="auto"):
         one = torch.ones(1, dtype=torch.float32, device=ids.device)
         return val_loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, one)
 
-    pieces = [layers, train_step, val_step, loss, val_loss, logits]
+    steps = [train_step, val_step]
     if compile_model:
-        pieces = [torch.compile(f, fullgraph=True, dynamic=False) for f in pieces]
+        steps = [torch.compile(f, fullgraph=True, dynamic=False) for f in steps]
     lookup = embedding if device.type == "cuda" else cpu_embedding
-    return ModelFns(lookup, *pieces, head_path=head_path)
-
-
-def trunk(hp, params, fns, ids, prep, windows, rot_cache, bigram=None, bigram_prep=None, cu=None):
-    """Embeddings + all layers -> final residual (T, C). windows = (short, long) in blocks. bigram: (T,) int32
-    bigram_hash(ids) (hashed here on ids' device when None) and its EmbeddingPrep (or None). cu: the
-    documents' doc_cu_seqlens on ids' device (made here from ids when None: a host copy of ids)."""
-    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device)
-    e, ves, big = embed_inputs(hp, params, ids, fns.lookup, prep, bigram, bigram_prep)
-    return fns.layers(model_params(params), e, ves, big, ids, region_cu(hp, ids, cu), tables)
+    return ModelFns(lookup, layers, loss, *steps, head_path=head_path)
 
 
 def region_cu(hp, ids, cu):
@@ -1161,21 +1083,41 @@ def model_params(params):
     return {k: params[k] for k in PARAMS if PARAMS[k].region}
 
 
-def forward(hp, params, fns, batch, windows, rot_cache, mtp=None, yarn_long=None):
-    """Loss of one micro-batch (a 0-d fp32 tensor). mtp: (K,) fp32 multi-token weights on the device (the
-    training loss, mean over rows of the weighted sum) or None (validation: mean next-token CE). yarn_long: see
-    attn_tables."""
+class ModelInputs(NamedTuple):
+    """The arguments of fns.layers (in this order); train_step and val_step take the targets before tables."""
+    params: dict  # the parameters read inside the compiled region (model_params)
+    e: torch.Tensor  # (T, C) token embeddings
+    ves: list  # [(T, C)] value embeddings, one per table
+    big: Optional[torch.Tensor]  # (T, C) bigram embeddings (None with --no-bigram)
+    ids: torch.Tensor  # (T,) int32
+    cu: torch.Tensor  # (n_docs + 1,) int32 document boundaries on the device, a dynamic dimension
+    tables: AttnTables
+
+
+def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None):
+    """The model's one entry: the ModelInputs of the micro-batch ``batch`` at windows (short, long) in blocks
+    (the region's parameters, the eager embedding lookups, the document boundaries, the attention tables),
+    for training, validation, evaluation and sampling alike. What the loader did not prepare (batch.prep,
+    bigram, cu_seqlens None) is made here from the ids. yarn_long: see attn_tables."""
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep)
     cu = region_cu(hp, ids, batch.cu_seqlens)
-    if mtp is None:
-        return fns.val_step(model_params(params), e, ves, big, ids, cu, batch.targets, tables)
-    return fns.train_step(model_params(params), e, ves, big, ids, cu, batch.targets, tables, mtp)
+    return ModelInputs(model_params(params), e, ves, big, ids, cu, tables)
+
+
+def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None):
+    """Loss of one micro-batch (a 0-d fp32 tensor). train: the training loss (train_step: the mean over rows of
+    the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen), or
+    the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables."""
+    x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long)
+    if train:
+        return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp)
+    return fns.val_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables)
 
 
 # -----------------------------------------------------------------------------
-# Optimizer: sharded Muon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
+# Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
 
 def is_muon(name):
     return PARAMS[name].optim == "muon"
@@ -1258,6 +1200,13 @@ class Group:
 
 
 class Optimizer:
+    """Sharded NorMuon (the banks) and AdamW (the rest) over the parameters of PARAMS, one Group each.
+
+    Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
+    accumulator), before_last_backward(slow) ahead of the last one (due reduce-scatters then start during it),
+    then step(). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives the
+    embedding its own state; state_dict / load_state_dict hold this rank's shards."""
+
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
         self.k = step_kernels(d.device)
@@ -1270,11 +1219,10 @@ class Optimizer:
         self.final, self.launched, self.tied_final = None, {}, set()
         for g in self.groups.values():
             g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
-        attn, mlp = self.groups["attn_bank"], self.groups["mlp_bank"]
-        attn.lr_mul = torch.ones(attn.k, dtype=torch.float32, device=d.device)
-        idx = torch.arange(mlp.lo, mlp.lo + mlp.k, device=d.device)
-        # Per-matrix lr multiplier of my mlp_bank rows: odd global indices are W_proj^T.
-        mlp.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul, 1.0).float()
+        for g in self.groups.values():
+            if is_muon(g.name):  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
+                idx = torch.arange(g.lo, g.lo + g.k, device=d.device)
+                g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if PARAMS[g.name].proj else 1.0, 1.0).float()
 
     @torch.no_grad()
     def accumulate(self):
@@ -1310,6 +1258,11 @@ class Optimizer:
             self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
             g = head
         self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
+
+    def before_last_backward(self, slow):
+        """Call before the backward of a step's last micro-step: during it, each group whose gradient is then
+        complete starts its reduce-scatter (the slow groups only when ``slow``: their step is due)."""
+        self.final = slow
 
     def reset(self):
         self.tied = True
@@ -1503,10 +1456,10 @@ class TrainLoader:
     def __init__(self, hp, files, d, micro_tokens_at):
         self.hp, self.files, self.d = hp, files, d
         self.micro_tokens_at = micro_tokens_at  # step -> T
-        self.state = {"shard": 0, "bos": 0, "epoch": 0, "step": 0}
         self._cache = {}
         self._q = queue.Queue(maxsize=1)
         self._thread = None
+        self.rewind(0)
 
     def _shard(self, i):
         """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
@@ -1554,18 +1507,13 @@ class TrainLoader:
         for slot in spans[self.d.rank::self.d.world]:
             buf = np.concatenate([tokens[a:b] for a, b in slot]).astype(np.int64)
             ids = torch.from_numpy(buf[:-1].astype(np.int32))
-            targets = torch.from_numpy(buf[1:])
-            prep = prepare_ids(ids, self.hp.vocab_size)
-            cu = doc_cu_seqlens(buf[:-1], self.hp.bos_id)
-            extra = ()
+            mb = MicroBatch(ids, torch.from_numpy(buf[1:]), prepare_ids(ids, self.hp.vocab_size),
+                            doc_cu_seqlens(buf[:-1], self.hp.bos_id), max_len=max_doc_len)
             if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
-                bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
-                extra = (bigram, prepare_ids(bigram, self.hp.bigram_vocab_size))
-            if self.d.device.type == "cuda":
-                ids, targets, prep, cu = ids.pin_memory(), targets.pin_memory(), prep.pin_memory(), cu.pin_memory()
-                extra = tuple(t.pin_memory() for t in extra)
-            micro.append((ids, targets, prep, cu, *extra))
-        return micro, max_doc_len, new_state
+                mb.bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
+                mb.bigram_prep = prepare_ids(mb.bigram, self.hp.bigram_vocab_size)
+            micro.append(mb.pin_memory() if self.d.device.type == "cuda" else mb)
+        return micro, new_state
 
     def _worker(self, state):
         try:
@@ -1585,10 +1533,9 @@ class TrainLoader:
         self._thread.join()
         if isinstance(item, BaseException):
             raise item
-        micro, max_doc_len, self.state = item
+        micro, self.state = item
         self._start(self.state)  # prepare the following step while this one trains
-        dev = self.d.device
-        return [MicroBatch(*(x.to(dev, non_blocking=True) for x in m), max_len=max_doc_len) for m in micro]
+        return [mb.to(self.d.device) for mb in micro]
 
     def close(self):
         if self._thread is not None:
@@ -1600,6 +1547,11 @@ class TrainLoader:
     def load_state(self, state):
         self.close()
         self.state = dict(state)
+
+    def rewind(self, step):
+        """Back to the first document of the first shard, with the schedule at ``step`` (the warmup and the
+        profiler run each stage's start on the first documents; the timed run starts from step 0)."""
+        self.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": step})
 
 
 def val_plan(hp, val_tokens_available):
@@ -1619,84 +1571,6 @@ def val_batches(hp, tokens, n_micro, d):
         buf = torch.from_numpy(np.asarray(tokens[m * T:m * T + T + 1]).astype(np.int64))
         yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
                          doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
-
-
-# -----------------------------------------------------------------------------
-# Logging
-
-
-NOT_LOGGED = ("tests", "benchmarks")  # repo folders never part of a run (imported only by a test session)
-
-
-def logged_sources():
-    """Paths (relative to the repo, sorted) of the code that ran: train_gpt.py and every imported module whose
-    file lies in the repo, except NOT_LOGGED and hidden folders (virtual environments carried in the tree)."""
-    rels = {"train_gpt.py"}
-    for mod in list(sys.modules.values()):
-        path = getattr(mod, "__file__", None)
-        if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
-            continue  # built-in, extension or synthetic (a relative __file__, e.g. torch's "_classes.py")
-        try:
-            rel = Path(path).resolve().relative_to(REPO)
-        except ValueError:
-            continue
-        if rel.parts[0] not in NOT_LOGGED and not any(part.startswith(".") or part == "site-packages" for part in rel.parts):
-            rels.add(rel.as_posix())
-    return sorted(rels)
-
-
-def source_dump():
-    return "\n".join(f"# ===== file: {rel} =====\n" + (REPO / rel).read_text() for rel in logged_sources())
-
-
-def nvidia_smi():
-    try:
-        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "nvidia-smi: not available"
-
-
-class Logger:
-    def __init__(self, path, active):
-        self.path, self.active = path, active
-        if active:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.open("x").close()  # never truncate a log: an existing one raises FileExistsError
-
-    def __call__(self, line, console=True):
-        if not self.active:
-            return
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-        if console:
-            print(line, flush=True)
-
-
-def header_lines(hp, d, train_files, val_files):
-    gpu = (f"{torch.cuda.get_device_name(d.device)} x {d.world}" if d.device.type == "cuda"
-           else f"cpu x {d.world}")
-    val_sha = hashlib.sha256(Path(val_files[0]).read_bytes()).hexdigest()[:16]
-    hp_json = json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(hp).items()
-                          if k != "stages"} | {"stages": [dataclasses.asdict(s) for s in hp.stages]})
-    return [
-        f"git_sha: {git_sha()}",
-        f"python: {platform.python_version()}",
-        f"torch: {torch.__version__}",
-        f"triton: {triton.__version__}",
-        f"cuda: {torch.version.cuda}",
-        f"gpu: {gpu}",
-        f"world_size: {d.world}",
-        f"corpus: {hp.train_files} (val sha256[:16] {val_sha})",
-        f"hyperparameters: {hp_json}",
-        f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
-        nvidia_smi() if d.device.type == "cuda" else "nvidia-smi: no GPU",
-    ]
-
-
-def matmul_params(hp):
-    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
-    C = hp.model_dim
-    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
 
 
 # -----------------------------------------------------------------------------
@@ -1833,9 +1707,8 @@ class Trainer:
         K = max(len(mtp_weights_at(hp, s)) for s in range(hp.total_steps))
         self.mtp = [torch.tensor(mtp_weights_at(hp, s) + (0.0,) * (K - len(mtp_weights_at(hp, s))),
                                  dtype=torch.float32, device=d.device) for s in range(hp.total_steps)]
-        # --hellaswag-every: examples rendered and packed once; eager model pieces (their own shapes)
-        self.hellaswag = HellaSwag(hp, d) if hp.hellaswag_every > 0 else None
-        self.eval_fns = build_fns(hp, d.device, compile_model=False) if hp.compile else self.fns
+        # --hellaswag-every: examples rendered and packed once, scored by the eager model (sequence_logits)
+        self.hellaswag = HellaSwag(hp, d, BLOCK) if hp.hellaswag_every > 0 else None
 
     def reset(self):
         """Back to the freshly initialised state (after the compile warmup)."""
@@ -1844,7 +1717,7 @@ class Trainer:
                 v.copy_(self.initial[k])
                 v.grad = None
         self.opt.reset()
-        self.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": 0})
+        self.loader.rewind(0)
 
     def train_step(self, step, want_loss):
         hp = self.hp
@@ -1856,8 +1729,9 @@ class Trainer:
         mbs = self.loader.next()
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
-                self.opt.final = slow
-            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, self.mtp[step]) / SLOTS
+                self.opt.before_last_backward(slow)
+            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step])
+            loss = loss / SLOTS
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
@@ -1873,7 +1747,8 @@ class Trainer:
         n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * self.d.world)
         total = torch.zeros((), dtype=torch.float32, device=self.d.device)
         for mb in val_batches(self.hp, self.val_tokens, n, self.d):
-            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, yarn_long=yarn_long)
+            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, train=False,
+                             yarn_long=yarn_long)
         if self.d.world > 1:
             dist.all_reduce(total)
         return (total / n).item()
@@ -1904,20 +1779,20 @@ def warmup(trainer, log=None):
         if start >= end or T in seen:
             continue  # same shape as an earlier stage: its windows and YaRN tables are tensor arguments
         seen.add(T)
-        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": start})
+        trainer.loader.rewind(start)
         steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
         for t in steps:  # the first stage also steps once with and once without the slow Adam groups
             timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
     if trainer.opt.tied:
         last = stage_bounds(hp)[-1][0]
-        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": last})
+        trainer.loader.rewind(last)
         timed("untie + untied step", lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
     timed(f"validation T={hp.val_micro_tokens}",
           lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
         hs = trainer.hellaswag
-        timed("hellaswag pack", lambda: hellaswag_scores(hp, trainer.params, trainer.eval_fns, hs.packs[:1],
-                                                          len(hs.labels), trainer.d.device, trainer.rot_cache))
+        model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache)
+        timed("hellaswag pack", lambda: hellaswag_scores(model, hs.packs[:1], len(hs.labels), trainer.d.device))
     trainer.loader.close()
     trainer.reset()
     if cuda:
@@ -1925,164 +1800,15 @@ def warmup(trainer, log=None):
     return phases
 
 
-def unique_graphs():
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
-
-
-def compile_metrics():
-    """torch's per-frame compilation records (forward frames and their lazily compiled backwards)."""
-    try:
-        from torch._dynamo.utils import get_compilation_metrics
-        return list(get_compilation_metrics())
-    except (ImportError, AttributeError):
-        return []
-
-
-def _us(m, field):
-    v = getattr(m, field, None)
-    return (v or 0) / 1e6
-
-
-def compile_report(metrics, phases):
-    """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
-    Triton compilation, the backward's inductor and Triton time, FX-graph cache hits) and a total; the cache
-    state is "cold" (no graph came from the inductor cache), "warm" (all did) or
-    "partly warm (h of n graphs from the cache)"."""
-    lines, hits, lookups = [], 0, 0
-    backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
-    # frames only: torch also records entries without a code object (runtime events), which carry no times
-    metrics = [m for m in metrics if getattr(m, "co_name", None) is not None or m in backward.values()]
-    for m in metrics:
-        if getattr(m, "is_forward", True) is False:
-            continue
-        total = getattr(m, "entire_frame_compile_time_s", None) or 0.0
-        aot, ind, tri = (_us(m, f) for f in ("aot_autograd_cumulative_compile_time_us",
-                                               "inductor_cumulative_compile_time_us", "triton_compile_time_us"))
-        b = backward.get(m.compile_id)
-        b_total = _us(b, "backward_cumulative_compile_time_us") if b else 0.0
-        b_tri = _us(b, "triton_compile_time_us") if b else 0.0
-        h = sum(getattr(x, "inductor_fx_local_cache_hit_count", 0) or 0 for x in (m, b) if x)
-        n = h + sum(getattr(x, "inductor_fx_local_cache_miss_count", 0) or 0 for x in (m, b) if x)
-        hits, lookups = hits + h, lookups + n
-        lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
-                     f"{total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
-                     f"{ind:.1f} of which triton {tri:.1f}), lazily compiled backward {b_total:.1f} s (triton "
-                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits")
-    # A frame's inductor time holds both of its graphs where AOT autograd compiles the backward together with
-    # the forward (torch 2.11 on our GPUs: the backward's own entry then reads 0).
-    frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)
-    compile_s = sum((getattr(m, "entire_frame_compile_time_s", None) or 0.0) for m in metrics) + sum(
-        _us(m, "backward_cumulative_compile_time_us") for m in backward.values())
-    wall = sum(s for _, s in phases)
-    lines.append(f"compile_report: {frames} frames compiled, {unique_graphs()} graphs, compile {compile_s:.1f} s of "
-                 f"the warmup's {wall:.1f} s (the rest: first launches of our Triton kernels, running the steps)")
-    state = ("cold" if lookups == 0 or hits == 0 else "warm" if hits == lookups
-             else f"partly warm ({hits} of {lookups} graphs from the cache)")
-    return lines, state
-
-
-def _dir_bytes(path):
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
-def inductor_cache_dir():
-    """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-    return Path(cache_dir())
-
-
-def triton_cache_dir():
-    """Where Triton keeps the binaries of our own @triton.jit kernels (TRITON_CACHE_DIR, else ~/.triton/cache)."""
-    knobs = getattr(triton, "knobs", None)
-    path = getattr(getattr(knobs, "cache", None), "dir", None) if knobs is not None else None
-    return Path(path or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-
-
-class CompileCache:
-    """--compile-cache PATH: compile artifacts a user can keep (another process, another day, a copy on another
-    machine of the same kind). PATH holds inductor's cache (compiled graphs, their Triton kernels), the Triton
-    cache of our own kernels, and stamp.json: the torch / Triton / CUDA / Python versions, the GPU and the
-    sha256 of the source that ran. At start (before anything compiles), a matching stamp points inductor and
-    Triton at PATH (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): the compile then reads finished artifacts.
-    A stamp that differs is reported in one line and PATH is emptied: the run compiles cold. After the warmup
-    the caches the run used are copied into PATH (when it was not reading from there already) and stamped."""
-
-    def __init__(self, path, stamp):
-        self.path, self.stamp = Path(path), stamp
-        self.loaded, self.why = False, ""
-
-    @staticmethod
-    def current_stamp(device):
-        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-                "python": platform.python_version(), "gpu": gpu,
-                "code": hashlib.sha256(source_dump().encode()).hexdigest()[:16]}
-
-    def open(self):
-        """Read PATH's stamp and point the compilers at PATH if it matches; call before any compilation."""
-        stamp_file = self.path / "stamp.json"
-        if self.path.exists() and not self.path.is_dir():
-            raise FileNotFoundError(f"--compile-cache {self.path}: exists and is not a directory")
-        if stamp_file.is_file():
-            try:
-                old = json.loads(stamp_file.read_text())
-            except (OSError, ValueError):
-                old = {}
-            diff = [k for k in self.stamp if old.get(k) != self.stamp[k]]
-            if not diff:
-                self.loaded = True
-            else:
-                self.why = ("made with " + ", ".join(f"{k} {old.get(k)}" for k in diff) + "; this run has "
-                            + ", ".join(f"{k} {self.stamp[k]}" for k in diff) + ": emptied, compiling")
-                for sub in ("inductor", "triton", "stamp.json"):
-                    p = self.path / sub
-                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        elif self.path.is_dir() and any(self.path.iterdir()):
-            self.why = "no stamp.json (an interrupted save?): compiling"
-        else:
-            self.why = "empty: compiling"
-        if self.loaded:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.path / "inductor")
-            os.environ["TRITON_CACHE_DIR"] = str(self.path / "triton")
-        return self
-
-    def describe(self, state):
-        if self.loaded:
-            return f"loaded {self.path} ({state})"
-        return f"{state} (--compile-cache {self.path}: {self.why})"
-
-    def save(self):
-        """Copy the caches the run used into PATH (unless it read from there), write the stamp; the log line."""
-        t0 = time.perf_counter()
-        self.path.mkdir(parents=True, exist_ok=True)
-        if not self.loaded:
-            for src, name in ((inductor_cache_dir(), "inductor"), (triton_cache_dir(), "triton")):
-                if src.is_dir():
-                    shutil.copytree(src, self.path / name, dirs_exist_ok=True)
-        (self.path / "stamp.json").write_text(json.dumps(self.stamp, indent=1) + "\n")
-        size = _dir_bytes(self.path) / 2 ** 20
-        return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
-
-
 def compile_warmup(trainer, log, cache=None):
-    """Compile every shape before the clock starts; logs compile_warmup_s, the compile_cache line (how the
-    compile started: cold, warm or loaded from --compile-cache) and the compile_report lines. Returns the graph
-    count after it (0 without compile)."""
+    """Compile every shape before the clock starts (warmup) and log how it went (compilation.log_compilation)."""
     if not trainer.hp.compile:
         # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
         log("compile_warmup_s: 0.0")
-        return 0
+        return
     n_before = len(compile_metrics())
     phases = warmup(trainer, log)
-    log(f"compile_warmup_s: {sum(s for _, s in phases):.1f}")
-    lines, state = compile_report(compile_metrics()[n_before:], phases)
-    log(f"compile_cache: {cache.describe(state) if cache is not None else state}")
-    for line in lines:
-        log(line)
-    if cache is not None:
-        log(cache.save())
-    return unique_graphs()
+    log_compilation(log, phases, compile_metrics()[n_before:], cache, trainer.d)
 
 
 def resolve_files(hp):
@@ -2160,8 +1886,8 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
             if cuda:
                 torch.cuda.synchronize()
             train_ms += 1000 * (time.perf_counter() - t0)
-            res = trainer.hellaswag.evaluate(hp, trainer.params, trainer.eval_fns, trainer.rot_cache,
-                                             windows_at(hp, min(step, T_total - 1)))
+            res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                                          windows_at(hp, min(step, T_total - 1))))
             log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
             if cuda:
                 torch.cuda.synchronize()
@@ -2182,6 +1908,12 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
     trainer.loader.close()
     return train_ms, stage_ms
+
+
+def matmul_params(hp):
+    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
+    C = hp.model_dim
+    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
 
 
 def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup):
@@ -2212,116 +1944,27 @@ def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmu
                                                          if extra else ""))
 
 
-# Profiling (--profile-steps N): kernel name patterns -> category, first match wins (lower-case substrings).
-# Our optimizer kernels come first: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer.
-PROFILE_CATEGORIES = (
-    ("communication", ("nccl", "all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather",
-                       "allgather", "gloo", "c10d::")),
-    ("optimizer", ("_adamw_kernel", "_momentum_", "_normuon_", "_gram_kernel", "_gemm_epilogue_kernel",
-                   "_normalize_kernel", "_transpose_kernel")),
-    ("attention", ("flex_attention", "flash", "fmha", "attention", "sdpa")),
-    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "_mm_",
-                "fused_mm", "matmul")),
-)
-PROFILE_TOP = 15  # kernels listed by total time
-
-
-def kernel_category(name):
-    low = name.lower()
-    for category, patterns in PROFILE_CATEGORIES:
-        if any(p in low for p in patterns):
-            return category
-    return "elementwise/other"
-
-
-def busy_us(intervals):
-    """Length of the union of [start, end) intervals (kernels on several streams overlap)."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
-def profile_table(kernels, wall_us, n_steps, top=PROFILE_TOP):
-    """Lines of the profile summary. kernels: [(name, start_us, end_us)] of the device (or, on the CPU, the
-    top-level operators); wall_us: wall time of the n_steps profiled steps. Idle = wall - busy (union).
-    Communication overlap: of the time some communication kernel runs (the union of their intervals), the part
-    during which another kernel runs too (hidden behind compute) and the rest (exposed: only collectives run)."""
-    per_name, per_cat = {}, {c: 0.0 for c, _ in PROFILE_CATEGORIES}
-    per_cat["elementwise/other"] = 0.0
-    for name, a, b in kernels:
-        t, n = per_name.get(name, (0.0, 0))
-        per_name[name] = (t + (b - a), n + 1)
-        per_cat[kernel_category(name)] += b - a
-    busy = busy_us([(a, b) for _, a, b in kernels])
-    lines = [f"profile: {n_steps} steps, wall {wall_us / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms "
-             f"(per step: {wall_us / 1e3 / max(n_steps, 1):.2f} ms)",
-             f"  {'total ms':>9} {'%wall':>6} {'calls':>6}  category           kernel"]
-    for name, (t, n) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]:
-        lines.append(f"  {t / 1e3:9.3f} {100 * t / max(wall_us, 1e-9):6.1f} {n:6d}  {kernel_category(name):<18} "
-                     f"{name[:100]}")
-    comm = busy_us([(a, b) for name, a, b in kernels if kernel_category(name) == "communication"])
-    other = busy_us([(a, b) for name, a, b in kernels if kernel_category(name) != "communication"])
-    overlap = max(comm + other - busy, 0.0)  # |C and K| = |C| + |K| - |C or K|
-    lines.append(f"  communication: busy {comm / 1e3:.2f} ms, overlapped {overlap / 1e3:.2f} ms "
-                 f"({100 * overlap / max(comm, 1e-9):.1f}%), exposed {(comm - overlap) / 1e3:.2f} ms")
-    per_cat["idle"] = max(wall_us - busy, 0.0)
-    lines.append("  by category: " + "  ".join(f"{c} {t / 1e3:.2f} ms ({100 * t / max(wall_us, 1e-9):.1f}%)"
-                                               for c, t in per_cat.items()))
-    return lines, per_cat
-
-
 def profile_stages(trainer, log):
     """--profile-steps N: before the timed run, N steps from each stage start under torch.profiler (a chrome
-    trace per stage and rank next to the log, a table in the log), then a full state reset as after the compile
-    warmup. Untimed: the record's train time never includes the profiler. The steps start from the initial
-    weights, not from the weights the run has at that stage: kernel times depend on shapes, not values."""
+    trace per stage and rank next to the log, a table in the log: profiling.profile), then a full state reset as
+    after the compile warmup. Untimed: the record's train time never includes the profiler. The steps start from
+    the initial weights, not from the weights the run has at that stage: kernel times depend on shapes, not
+    values."""
     hp, d = trainer.hp, trainer.d
-    cuda = d.device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     for i, (start, end, _) in enumerate(stage_bounds(hp)):
         if start >= end:
             continue
-        trainer.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": start})
+        trainer.loader.rewind(start)
         n = min(hp.profile_steps, hp.total_steps - start)
-        with torch.profiler.profile(activities=activities) as prof:
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for step in range(start, start + n):
-                trainer.train_step(step, want_loss=False)
-            if cuda:
-                torch.cuda.synchronize()
-            wall_us = 1e6 * (time.perf_counter() - t0)
         trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
-        prof.export_chrome_trace(str(trace))
-        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == device_type and (cuda or e.cpu_parent is None)]
-        lines, _ = profile_table(kernels, wall_us, n)
+        lines = profile(lambda: [trainer.train_step(s, want_loss=False) for s in range(start, start + n)], n,
+                        d.device, trace)
         log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
-            + ("" if cuda else " (CPU: top-level operators, not GPU kernels)"))
+            + ("" if d.device.type == "cuda" else " (CPU: top-level operators, not GPU kernels)"))
         for line in lines:
             log(line)
     trainer.loader.close()
     trainer.reset()
-
-
-def open_compile_cache(hp, args, d):
-    """The CompileCache of --compile-cache (None without the flag or without compilation), opened before anything
-    compiles: rank 0 reads the stamp (and empties a stale cache) before the other ranks look."""
-    if not args.compile_cache or not hp.compile:
-        return None
-    cache = CompileCache(args.compile_cache, CompileCache.current_stamp(d.device))
-    if d.rank == 0:
-        cache.open()
-    if d.world > 1:
-        dist.barrier()
-    if d.rank != 0:
-        cache.open()
-    return cache
 
 
 def run_training(hp, args, d):
@@ -2345,19 +1988,15 @@ def run_training(hp, args, d):
 
 def train(hp, args, d, train_files, val_files, log, ckpt_dir):
     """Trainer, compile warmup, optional resume, timed loop, footer."""
-    cache = open_compile_cache(hp, args, d)
-    if args.compile_cache and cache is None:
-        log(f"compile_cache: --compile-cache {args.compile_cache} not used (nothing is compiled)")
+    cache = open_compile_cache(args.compile_cache, hp.compile, d, log)
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    graphs_after_warmup = compile_warmup(trainer, log, cache if d.rank == 0 else None)
-    if cache is not None and d.world > 1:
-        dist.barrier()  # rank 0 copies the caches into --compile-cache before the clock starts
+    compile_warmup(trainer, log, cache)
     if hp.profile_steps > 0:
         profile_stages(trainer, log)
-        graphs_after_warmup = unique_graphs() if hp.compile else 0
+    graphs_after_warmup = unique_graphs()
     start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -2366,114 +2005,31 @@ def train(hp, args, d, train_files, val_files, log, ckpt_dir):
 
 
 # -----------------------------------------------------------------------------
-# Evaluation: one model call for scoring and sampling (sequence_logits), HellaSwag accuracy
-
-GPT2_VOCAB = 50257  # ids >= this are vocabulary padding: never scored or sampled
-HELLASWAG_PACK_TOKENS = 4096  # examples are packed into sequences of up to this many tokens (one shape)
-
-
-def real_vocab(hp):
-    """Ids a model can emit: GPT-2's 50257, or the whole (smaller) vocabulary of a test model."""
-    return min(hp.vocab_size, GPT2_VOCAB)
+# Evaluation and sampling: the model as evaluation.py takes it (sequence_logits), --hellaswag, --sample
 
 
 @torch.no_grad()
 def sequence_logits(hp, params, fns, ids, rot_cache, rows=None, windows=None):
-    """Next-token logits of one 1-D id sequence: the model's only entry point for evaluation and sampling.
+    """Next-token logits of one 1-D id sequence: the model's entry (model_inputs) for evaluation and sampling.
 
     ids (n,) int32 on the device: one or more documents, each starting with hp.bos_id (the attention mask
     keeps them apart, like the packed documents of training). The sequence is padded on the right with BOS
     to a multiple of BLOCK (the model is causal: padding cannot change the logits of earlier positions).
     Returns (len(rows), real_vocab(hp)) fp32 logits at the positions ``rows`` (default: all n), the padded
     vocabulary columns dropped. windows: (short, long) attention windows in blocks, default the last stage's.
+    Eager (nothing compiled): evaluation runs each length once or a few times.
     """
     n = ids.numel()
     T = -(-n // BLOCK) * BLOCK
     x = torch.cat([ids, ids.new_full((T - n,), hp.bos_id)])
-    h = trunk(hp, params, fns, x, None, windows or hp.stages[-1].windows, rot_cache)
+    h = fns.layers(*model_inputs(hp, params, fns, MicroBatch(x), windows or hp.stages[-1].windows, rot_cache))
     h = h[:n] if rows is None else h[rows]
-    return fns.logits(h, params["lm_head"])[:, :real_vocab(hp)].float()
+    return head_logits(h, params["lm_head"], hp.softcap)[:, :real_vocab(hp)].float()
 
 
-@dataclass
-class EvalPack:
-    """Several HellaSwag examples as one sequence: every candidate is a document [BOS] + context + ending."""
-    ids: torch.Tensor  # (T,) int32, padded with BOS to the common length
-    rows: torch.Tensor  # (R,) int64 positions whose logits predict an ending token
-    targets: torch.Tensor  # (R,) int64 the ending token each row predicts
-    cands: torch.Tensor  # (R,) int64 candidate of each row: 4 * (example index in the rank's list) + ending
-
-
-def pack_hellaswag(rendered, bos_id, pack_tokens=HELLASWAG_PACK_TOKENS):
-    """Pack rendered examples [(ctx ids, [4 ending ids], label)] greedily, whole examples only, into
-    sequences of at most pack_tokens (an example longer than that gets a sequence of its own), all padded
-    with BOS to one length, a multiple of BLOCK."""
-    packs, cur = [], None
-    for e, (ctx, endings, _) in enumerate(rendered):
-        size = sum(1 + len(ctx) + len(end) for end in endings)
-        if cur is None or (cur[0] and len(cur[0]) + size > pack_tokens):
-            cur = ([], [], [], [])
-            packs.append(cur)
-        ids, rows, targets, cands = cur
-        for j, end in enumerate(endings):
-            start = len(ids) + 1 + len(ctx)  # position of the ending's first token
-            ids += [bos_id, *ctx, *end]
-            rows += range(start - 1, start - 1 + len(end))
-            targets += end
-            cands += [4 * e + j] * len(end)
-    T = max((-(-len(p[0]) // BLOCK) * BLOCK for p in packs), default=BLOCK)
-    return [EvalPack(torch.tensor(ids + [bos_id] * (T - len(ids)), dtype=torch.int32), torch.tensor(rows),
-                     torch.tensor(targets), torch.tensor(cands)) for ids, rows, targets, cands in packs]
-
-
-def hellaswag_scores(hp, params, fns, packs, n_examples, device, rot_cache, windows=None):
-    """(sum, count), float64 (n_examples, 4): per ending, its log-likelihood sum_j log p(e_j | ctx, e_<j)
-    (fp32 log-softmax, summed in float64) and its number of tokens."""
-    total = torch.zeros(4 * n_examples, dtype=torch.float64, device=device)
-    count = torch.zeros(4 * n_examples, dtype=torch.float64, device=device)
-    for p in packs:
-        rows, targets, cands = (t.to(device) for t in (p.rows, p.targets, p.cands))
-        logp = sequence_logits(hp, params, fns, p.ids.to(device), rot_cache, rows, windows).log_softmax(-1)
-        total.index_add_(0, cands, logp.gather(1, targets[:, None])[:, 0].double())
-        count.index_add_(0, cands, torch.ones(len(cands), dtype=torch.float64, device=device))
-    return total.view(-1, 4), count.view(-1, 4)
-
-
-def hellaswag_predictions(total, count):
-    """(acc, acc_norm) predicted ending per example. acc: argmax of the summed log-likelihood. acc_norm:
-    argmax of the mean per-token log-likelihood (sum / number of ending tokens), the convention of
-    build-nanogpt's HellaSwag evaluation (lm-eval-harness divides by the ending's bytes instead). Ties go
-    to the lowest index."""
-    return total.argmax(1), (total / count).argmax(1)
-
-
-class HellaSwag:
-    """This rank's share of the examples (r, r + W, ...), rendered and packed once; ``evaluate`` scores them
-    and all-reduces the counts: (examples, correct acc, correct acc_norm) over all ranks."""
-
-    def __init__(self, hp, d, encoding=None):
-        examples = load_examples(hp.hellaswag_file, hp.hellaswag_limit)
-        enc = encoding or load_gpt2()  # tests pass a stand-in tokenizer
-        rendered = [render(ex, enc.encode_ordinary) for ex in examples[d.rank::d.world]]
-        top = max((max(ctx + sum(ends, [])) for ctx, ends, _ in rendered), default=0)
-        if top >= real_vocab(hp):
-            raise HellaSwagError(f"{hp.hellaswag_file}: the tokens reach id {top}, beyond the model's "
-                                 f"vocabulary of {real_vocab(hp)} ids")
-        self.labels = torch.tensor([label for _, _, label in rendered], dtype=torch.int64)
-        self.packs = pack_hellaswag(rendered, hp.bos_id)
-        self.d = d
-
-    def evaluate(self, hp, params, fns, rot_cache, windows=None):
-        """{"acc", "acc_norm", "examples"} over all ranks."""
-        labels = self.labels.to(self.d.device)
-        pred, pred_norm = hellaswag_predictions(*hellaswag_scores(hp, params, fns, self.packs, len(labels),
-                                                                  self.d.device, rot_cache, windows))
-        counts = torch.stack([torch.tensor(len(labels), device=self.d.device), (pred == labels).sum(),
-                              (pred_norm == labels).sum()]).to(torch.int64)
-        if self.d.world > 1:
-            dist.all_reduce(counts)
-        n_all, acc, acc_norm = counts.tolist()
-        return {"acc": acc / max(n_all, 1), "acc_norm": acc_norm / max(n_all, 1), "examples": n_all}
+def model_logits(hp, params, fns, rot_cache, windows=None):
+    """The model as evaluation.py takes it: logits(ids, rows) = sequence_logits with the rest bound."""
+    return lambda ids, rows=None: sequence_logits(hp, params, fns, ids, rot_cache, rows, windows)
 
 
 def load_model(path, d):
@@ -2484,7 +2040,6 @@ def load_model(path, d):
     except TypeError as e:  # a field this code does not know, or lacks
         raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
-    # Eager pieces: evaluation runs each length once or a few times (nothing to compile).
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
@@ -2493,9 +2048,9 @@ def evaluate_hellaswag(args, d):
     hp, params, fns = load_model(args.hellaswag, d)
     over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
     hp = dataclasses.replace(hp, **over)
-    bench = HellaSwag(hp, d)
+    bench = HellaSwag(hp, d, BLOCK)
     graphs, t0 = unique_graphs(), time.perf_counter()
-    res = bench.evaluate(hp, params, fns, {})
+    res = bench.evaluate(model_logits(hp, params, fns, {}))
     res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
             "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token",
             "packs": len(bench.packs), "seconds": round(time.perf_counter() - t0, 1),
@@ -2508,24 +2063,6 @@ def evaluate_hellaswag(args, d):
     return res
 
 
-# -----------------------------------------------------------------------------
-# Sampling
-
-
-def next_token(logits, temperature, top_k, generator):
-    """One token id from (V,) logits: argmax when temperature is 0, else a draw from
-    softmax(logits / temperature) restricted to the top_k largest logits (0: all), using ``generator``
-    (a CPU torch.Generator: the draw is the same on every device). Ties rank the lower id first, so top_k=1
-    is the argmax."""
-    logits = logits.detach().double().cpu()
-    if temperature == 0:
-        return int(torch.argmax(logits))
-    order = torch.argsort(logits, descending=True, stable=True)
-    keep = order[:top_k] if top_k > 0 else order
-    probs = torch.softmax(logits[keep] / temperature, 0)
-    return int(keep[torch.multinomial(probs, 1, generator=generator)])
-
-
 def sample(args, d):
     """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
     sequence), drawn with --temperature / --top-k from a generator seeded with --seed."""
@@ -2533,13 +2070,9 @@ def sample(args, d):
     enc = load_gpt2()
     prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
     g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
-    rot_cache, texts, graphs = {}, [], unique_graphs()
+    model, texts, graphs = model_logits(hp, params, fns, {}), [], unique_graphs()
     for i in range(args.num_samples):
-        ids = list(prompt)
-        for _ in range(args.max_new_tokens):
-            x = torch.tensor(ids, dtype=torch.int32, device=d.device)
-            logits = sequence_logits(hp, params, fns, x, rot_cache, rows=[len(ids) - 1])[0]
-            ids.append(next_token(logits, args.temperature, args.top_k, g))
+        ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, g, d.device)
         texts.append(enc.decode(ids[1:]))
         if d.rank == 0:
             print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
@@ -2678,67 +2211,6 @@ FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
 
 
-def field_comments(cls=None):
-    """{field: its same-line comment} of the Hyperparameters dataclass, read from the source: the help text
-    of the generated flags, so each knob is documented once."""
-    cls = cls or Hyperparameters
-    lines, first = inspect.getsourcelines(cls)
-    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
-                for tok in tokenize.generate_tokens(iter(lines).__next__) if tok.type == tokenize.COMMENT}
-    out = {}
-    for node in ast.parse(textwrap.dedent("".join(lines))).body[0].body:
-        if isinstance(node, ast.AnnAssign) and node.end_lineno in comments:
-            out[node.target.id] = comments[node.end_lineno]
-    return out
-
-
-def _tuple_parser(elem_type):
-    def parse(text):
-        try:
-            return tuple(elem_type(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {elem_type.__name__}, "
-                                             f"got {text!r}") from None
-    parse.__name__ = f"{elem_type.__name__} list"
-    return parse
-
-
-def add_hyperparameter_flags(p, smoke):
-    """One flag per Hyperparameters field: --field-name (plus FLAG_ALIASES), typed from the field, help from
-    its comment and the default of the config that applies (the smoke config's with --smoke); bools as --x /
-    --no-x, tuples as comma lists. Unset flags stay None (keep the default). Values are checked by
-    check_settings."""
-    comments = field_comments()
-    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
-    g = p.add_argument_group(f"hyperparameters (defaults: {config})")
-    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
-    for f in dataclasses.fields(Hyperparameters):
-        if f.name in NOT_FLAGS:
-            continue
-        names = ["--" + f.name.replace("_", "-"), *FLAG_ALIASES.get(f.name, [])]
-        default = getattr(defaults, f.name)
-        shown = ("from the shards (--vocab-from-data)" if defaults.vocab_from_data and f.name in ("vocab_size", "bos_id")
-                 else repr(default))
-        kw = dict(dest=f.name, default=None, help=f"{comments[f.name]} (default: {shown})")
-        if f.type is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif f.type is tuple:
-            kw.update(type=_tuple_parser(type(default[0]) if default else int), metavar="A,B,...")
-        else:
-            kw["type"] = f.type
-        g.add_argument(*names, **kw)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors are printed by rank 0 only (torchrun starts one process per rank); every
-    rank exits with code 2."""
-
-    def error(self, message):
-        if launch_rank() == 0:
-            super().error(message)
-        self.exit(2)
-
-
 def parse_args(argv):
     argv = sys.argv[1:] if argv is None else argv
     p = ArgumentParser(
@@ -2749,7 +2221,14 @@ def parse_args(argv):
                "1, 2, 3 tokens (weights 1, .5, .25 at the start), so about 1.75 x ln(vocab_size) = 18.9 at step 1 "
                "for GPT-2's vocabulary; val_loss is the next-token loss alone (ln(50304) = 10.8 untrained). "
                "Every setting is checked before any work: a bad one is one line naming the flag, exit code 2.")
-    add_hyperparameter_flags(p, smoke="--smoke" in argv)
+    smoke = "--smoke" in argv
+    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
+    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
+    from_data = ("vocab_size", "bos_id") if defaults.vocab_from_data else ()
+    # Values are checked by check_settings.
+    add_dataclass_flags(p.add_argument_group(f"hyperparameters (defaults: {config})"), Hyperparameters, defaults,
+                        FLAG_ALIASES, NOT_FLAGS,
+                        shown=lambda name, v: "from the shards (--vocab-from-data)" if name in from_data else repr(v))
     p.add_argument("--run-id", help="name of the run: its log is LOG_DIR/RUN_ID.txt, its checkpoints "
                                     "CHECKPOINT_DIR/RUN_ID/step_NNNNNN; an id whose log or checkpoint folder "
                                     "exists is refused (default: date_time_random, new for each run)")
@@ -2792,9 +2271,8 @@ def hyperparameters_from(args):
 def keep_freed_memory():
     """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
     allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
-    each afresh (mmap above 32 MB, trim after free) and every page faults again: 53 s of system time in a 100 s
-    --smoke run on GPT-2 shards (2 cores), 1.6 s with these settings. No effect where glibc is not the
-    allocator."""
+    each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
+    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6")

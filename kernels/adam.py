@@ -427,7 +427,7 @@ def fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparam
     """Like :func:`fused_adamw_step`, with hyperparameters per tensor: ``hparams[i]`` is a dict of lr, beta1,
     beta2, eps, weight_decay and step for tensor i. Still one launch per (param dtype, grad dtype, has master):
     where the tensors of a launch differ, their coefficients go in the kernel's per-tensor table. ``train_gpt.py``
-    updates all its Adam groups with one call per step (two launches: fp32 gates/scalars without masters, bf16
+    updates all its Adam groups with one call per Adam step (two launches: fp32 gates/scalars without masters, bf16
     embeddings/head with fp32 masters), with cautious_wd."""
     _check_lists(params, grads, exp_avgs, exp_avg_sqs, masters)
     if len(hparams) != len(params):

@@ -50,8 +50,9 @@ payloads). The kernel rounds by integer arithmetic on the fp32 bits, not with Tr
 
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
-NaN loss and a NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t), which the training
-loop's loss check sees. Nothing is read out of bounds.
+NaN loss and a NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t). Nothing is read out
+of bounds. (train_gpt.py checks every shard's ids against the vocabulary before it trains, so there no target
+is out of range.)
 
 Kernels (the first two run one program per row, which walks the row in tiles of BLOCK_V columns: the full
 tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
@@ -61,24 +62,27 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
     Reads the logits once and writes the gradient once.
   * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): the tile's dx / scale
     is rounded to e5m2 (``_e5m2_bits``) and stored as one byte per element, row-major (g8); then
-    kernels.transpose.transpose_copy writes its transpose g8t. (A 2-D tiled kernel writing both layouts at
-    once, tried first, took 10.6 ms per call at N=16384 in a training profile on an H200, about ten times
-    its memory bound; the cause was not investigated.)
+    kernels.transpose.transpose_copy writes its transpose g8t.
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
 written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes 2.47 GB,
-then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s, against 24.7 ms measured per
-micro-step on one H200 for the eager path it replaces (bf16 backward, divide and cast, transposed copy).
+then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s.
 Each element also costs three special-function operations in each kernel (two exp and the sigmoid's
 reciprocal), of the same order of time on H100/H200, so the kernels may end up bound by those units rather
 than by memory.
 
+FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
+training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
+(scales FP8_X_S, FP8_W_S) and multiplies them with ``torch._scaled_mm`` (fp32 accumulation, logits in x's
+dtype), then runs the forward kernel; the backward runs the e5m2 backward above with the caller's gradient scale
+and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logits' dtype. It needs a CUDA GPU of
+capability >= 8.9 (:func:`fp8_head_support`).
+
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
-``torch.compile(fullgraph=True)``); :func:`softcapped_cross_entropy_bwd_e5m2` for the FP8 head's backward
-(train_gpt.py's ``speedrun::fp8_head_ce_bwd``; ``python -m benchmarks --only cross_entropy`` measures it and
-the eager path it replaced). On the CPU the Triton interpreter is slow at real vocabulary sizes
-(forward + backward of 64 rows, V=50304: 12.4 s, against 1.7 s for the reference, on 2 shared cores): there
-the trainer should call :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
+``torch.compile(fullgraph=True)``) and :func:`fp8_head_ce`; ``python -m benchmarks --only cross_entropy``
+measures the e5m2 backward and the FP8 head's backward against the eager path they replaced. On the CPU the
+Triton interpreter is several times slower than the reference at real vocabulary sizes: there the trainer calls
+:func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
 import math
 from typing import Tuple
@@ -114,6 +118,13 @@ TUNING_CANDIDATES = [
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
+
+# FP8 LM head scales (fp8_head_ce), as in the public record: x is RMS-normed (|x| <= 100 fits e4m3's 448 after
+# / x_s), the head's weights are small (|w| <= 1.6). The gradient scale follows the caller's loss normalisation:
+# for a loss that is the mean over N rows divided by S more (train_gpt.py: S = SLOTS micro-batches), grad_s =
+# FP8_GRAD_S / (N * S) puts the largest gradients (~1/(N * S)) near 600 in e5m2, as the record's scale does for
+# its summed loss.
+FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -529,3 +540,75 @@ def softcapped_cross_entropy(logits, targets, weights, A, B, C):
         targets, weights = targets.contiguous(), weights.contiguous()   # (N,) and (K,): cheap copies if any
     _check_inputs(logits, targets, weights, A, B, C)
     return _ce_fwd_op(logits, targets, weights, float(A), float(B), float(C))[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The FP8 LM head and its loss (custom ops, traceable by torch.compile)
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
+def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
+                w_s: float, grad_s: float, A: float, B: float,
+                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
+    multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
+    accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
+    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
+    x8 = (x / x_s).to(torch.float8_e4m3fn)
+    w8 = (w / w_s).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
+    logits = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
+                              use_fast_accum=True)
+    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
+    return losses, logits, stats, x8, w8
+
+
+@fp8_head_ce.register_fake
+def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
+    N, V = x.shape[0], w.shape[1]
+    return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
+            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
+def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
+                    weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
+                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient as e5m2 (dlogits / grad_s,
+    g8 (N, V)) and kernels.transpose its transpose (g8t (V, N)): the two layouts the FP8 matmuls need, with no
+    bf16 gradient in between. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
+    accumulation (no fast accumulation in the backward, as in the record)."""
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
+    one = torch.ones((), dtype=torch.float32, device=grad.device)
+    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
+    dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
+    return dx, dw
+
+
+@fp8_head_ce_bwd.register_fake
+def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
+    return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
+
+
+def _fp8_head_ce_setup(ctx, inputs, output):
+    _, _, targets, weights, *ctx.consts = inputs
+    _, logits, stats, x8, w8 = output
+    ctx.save_for_backward(logits, stats, targets, weights, x8, w8)
+    ctx.mark_non_differentiable(logits, stats, x8, w8)
+
+
+def _fp8_head_ce_backward(ctx, grad_losses, *_):
+    dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
+    return (dx, dw) + (None,) * 8
+
+
+fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
+
+
+def fp8_head_support(device):
+    """(usable, reason): torch._scaled_mm with e4m3 needs a CUDA GPU of capability >= 8.9 (Ada, Hopper)."""
+    if device.type != "cuda":
+        return False, f"no FP8 matmul on {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        return False, f"capability {cap[0]}.{cap[1]} < 8.9"
+    return True, f"capability {cap[0]}.{cap[1]}"

@@ -4,9 +4,10 @@ Math. For ids of any shape holding N positions and a gradient ``grad_out`` of sh
 
     dW[v, :] = sum of grad_out[p, :] over the positions p with ids[p] == v        dW: (V, C)
 
-Rows no id touches are zero. The speedrun calls this for the
-token embedding and the value embeddings (N = 16384 / 32768 / 49152 tokens per GPU, C = 768, V = 50304), all
-indexed by the same ids, so one :class:`EmbeddingPrep` serves every table.
+Rows no id touches are zero. The speedrun calls this for the token embedding and the value embeddings
+(N = 16384 / 32768 / 49152 tokens per micro-step, C = 768, V = 50304), all indexed by the same ids, so one
+:class:`EmbeddingPrep` serves them, and for the bigram table (indexed by the tokens' bigram hashes, with a
+prep of its own; V = its rows).
 
 Summation order (this defines the bits; it depends on the ids and the constant ``PIECE`` only, never on the
 launch configuration). Positions are stably sorted by id, so the positions of id v form one segment
@@ -43,7 +44,9 @@ ship it with the batch. Without a prep, ``embedding_backward`` prepares on the i
 host synchronisation to validate the id range (``.item()``).
 
 Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding_fwd`` and
-``speedrun::embedding_bwd``, traceable by ``torch.compile(fullgraph=True)``); the forward is a plain gather.
+``speedrun::embedding_bwd``, traceable by ``torch.compile(fullgraph=True)``): on the GPU the lookups run
+eagerly before the compiled region, and their backward after its backward (on the CPU the trainer uses torch's
+own embedding). The forward is a plain gather.
 """
 import os
 from typing import NamedTuple, Optional

@@ -2,8 +2,8 @@
 driver (``benchmarks/__main__.py``).
 
 ``CEILINGS``: per GPU, the memory bandwidth (bytes/s, read + write counted) and dense bf16 matmul rate
-(FLOP/s) measured on the lent machines (device-to-device copy and a large bf16 matmul, see
-../shared/GPU.md), not the datasheet peaks. The benchmark's roofline column and the trainer's MFU line
+(FLOP/s) measured on the lent machines (a device-to-device copy and a large bf16 matmul; those runs' notes are
+not in this repository), not the datasheet peaks. The benchmark's roofline column and the trainer's MFU line
 both divide by these figures, so the two agree.
 
 ``git_sha()``: the commit that ran, for logs and benchmark CSVs.

@@ -30,8 +30,9 @@ Design (bandwidth, two launches):
   a fixed order (every program of a matrix computes the same bits), then reads o, v2 and w, writes w and p.
 Traffic: o is read twice (bf16 2 + 2), w read and written (4 + 4), p written (2): 14 bytes per element.
 
-Used by ``train_gpt.py`` (``Optimizer._muon``) on each rank's shard of attn_bank and mlp_bank, on the GPU and, in
-Triton's interpreter, in the CPU smoke run.
+Used by ``train_gpt.py`` (``Optimizer._muon``) on each rank's shard of attn_bank and mlp_bank on the GPU; on the
+CPU the trainer runs :func:`normuon_update_ref` instead (tests/test_normuon.py runs the kernel in Triton's
+interpreter).
 """
 import torch
 import triton
@@ -59,7 +60,7 @@ _PARTIAL_BLOCK_MAX = 1024
 
 
 # ----------------------------------------------------------------------------------------------------
-# Reference (pure PyTorch): the eager code path of train_gpt.py before this kernel
+# Reference (pure PyTorch): the same math, in another fp32 summation order; train_gpt.py's CPU path
 
 def normuon_update_ref(o, v2, master, lr_mul, *, lr, beta2, wd, param_dtype=torch.bfloat16):
     """Updates ``v2`` and ``master`` in place (fp32) and returns the parameter shard in ``param_dtype``."""

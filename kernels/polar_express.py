@@ -61,10 +61,7 @@ weights (5, 768, 768) (wide path) and the MLP weights (3, 3072, 768) (tall path)
 Speed (H200; design targets, measured by ``python -m benchmarks``): the Gram calls launch few CTAs
 (a (4, 768, 3072) X X^T has 84 upper tiles of 128 x 128 for 132 SMs), so the default tile is 64 x 64 when
 128 x 128 tiles would not fill the SMs. Launch configurations are initial choices for H100/H200, not yet
-tuned on the device; ``TUNING_CANDIDATES`` are what the benchmark's tuning pass tries. The first H200
-run found every candidate near 80-95 us for a (24, 768, 768) Gram product: the mirror stores then had a
-per-element triangle mask, compiled to scalar 2-byte stores (see ``_gram_kernel``), which dominated
-whatever the tile; the stores are 16-byte vectors now, not yet re-measured on the device.
+tuned on the device; ``TUNING_CANDIDATES`` are what the benchmark's tuning pass tries.
 """
 import functools
 

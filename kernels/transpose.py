@@ -2,7 +2,7 @@
 
 The token embedding ``embed`` is stored as (V, C) = (50304, 768) and the LM head as its transpose
 (C, V) = (768, 50304) so that the head matmul reads it contiguously. When the two are tied,
-``train_gpt.py`` keeps them equal with two calls per step:
+``train_gpt.py`` keeps them equal with two calls per step that updates them (every ``adam_every`` steps):
 
     transpose_add(embed_grad, head_grad)   # head_grad += embed_grad.T, before the gradient reduce
     transpose_copy(head, embed)            # embed = head.T, after the optimizer step

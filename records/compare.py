@@ -1,8 +1,8 @@
 """Compare speedrun records: parse training logs, summarize groups of runs, test claims.
 
 Usage:
-    python records/compare.py records/2026-01-01_Baseline records/2026-01-02_Candidate \\
-        --baseline 2026-01-01_Baseline [--target 3.28] [--json] [--plot curves.png]
+    python records/compare.py records/YYYY-MM-DD_Baseline records/YYYY-MM-DD_Candidate \\
+        --baseline YYYY-MM-DD_Baseline [--target 3.28] [--json] [--plot curves.png]
     python records/compare.py --group base=a.txt,b.txt --group new=logs/ --baseline base
 
 Each PATH is a log file or a folder of logs (``*.txt`` and ``*.log`` directly inside it, not recursive, so
@@ -21,16 +21,20 @@ step lines; anything missing is reported as unknown (``?`` in Markdown, ``null``
 * This project's ``train_gpt.py``: the concatenated sources (each file begins ``# ===== file: <relpath> =====``),
   then ``key: value`` header lines (``git_sha``, ``python``, ``torch``, ``triton``, ``cuda``,
   ``gpu: NVIDIA H200 x 1``, ``world_size``, ``corpus``, ``hyperparameters: {json}``) as well as the public-style
-  lines above, and at the end ``tokens_per_s_per_gpu: N``, ``mfu: P%``, ``compile_warmup_s: S``,
-  ``stage_step_avg: stage0:X ms stage1:Y ms ...`` (the mean step time of each stage, validation excluded). With
-  ``--profile-steps``, before the steps, per profiled stage: ``profile_stageI: steps A..B, trace ...``, then
+  lines above. After the header, before the first step line: the compile warmup's lines, among them
+  ``compile_warmup_s: S`` (with ``compile_phase:``, ``compile_cache:`` and ``compile_report:`` lines, which are
+  not parsed) and, with ``--profile-steps``, per profiled stage: ``profile_stageI: steps A..B, trace ...``, then
   ``profile: N steps, wall W ms, busy B ms ...``, the kernel rows, ``  communication: busy C ms, overlapped O ms
   (P%), exposed E ms`` (logs from 2026-11-26 on) and ``  by category: NAME T ms (P%)  NAME T ms (P%) ...``
-  (times are totals over the N profiled steps of rank 0).
+  (times are totals over the N profiled steps of rank 0). After the last step line: ``peak memory allocated:
+  A MiB reserved: R MiB`` (GPU runs), ``tokens_per_s_per_gpu: N``, ``mfu: P%`` and ``stage_step_avg:
+  stage0:Xms stage1:Yms ...`` (the mean step time of each stage, validation excluded).
 
 Step lines: ``step:125/1385 val_loss:4.3930 train_time:14290ms step_avg:124.26ms`` (validation) and
-``step:126/1385 [train_loss:X ]train_time:14311ms step_avg:123.37ms`` (training; ``train_loss`` only in older
-logs); ``step_avg:nanms`` occurs early in public logs. Last line: ``peak memory allocated: A MiB reserved: R MiB``.
+``step:126/1385 train_time:14311ms step_avg:123.37ms`` (training). ``train_loss:X`` is in the training lines of
+``train_gpt.py --train-loss`` runs, last (``... step_avg:123.37ms train_loss:X``), and of older public logs,
+before ``train_time``; the fields are read in any order. ``step_avg:nanms`` occurs early in public logs, whose
+last line is ``peak memory allocated: A MiB reserved: R MiB``.
 
 Definitions
 -----------

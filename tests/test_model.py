@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tolerances import assert_close_report, assert_matches_torch
 
 import train_gpt as tg
+from kernels.cross_entropy import fp8_head_ce_bwd, softcapped_cross_entropy_bwd_e5m2
 
 HAS_CUDA = torch.cuda.is_available()
 FEATURES = ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout", "fp8_head", "attn_lambdas")
@@ -416,14 +417,15 @@ def _ids(hp, T, seed):
 
 
 def test_full_forward_with_every_feature_matches_reference():
-    """fp32 trunk + head (dense attention) vs spec_forward in float64 (rule 1 with spec_forward in fp32),
+    """fp32 layers + head (dense attention) vs spec_forward in float64 (rule 1 with spec_forward in fp32),
     every feature on; and each feature changes the logits (the comparison would see it missing)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
     params = perturbed(hp, seed=5)
     ids, windows = _ids(hp, 384, seed=6), (1, 2)
     fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
     with torch.no_grad():
-        ours = fns.logits(tg.trunk(hp, params, fns, ids, None, windows, {}), params["lm_head"])
+        ours = tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
+                              params["lm_head"], hp.softcap)
         P64 = {k: v.detach().double() for k, v in params.items()}
         P32 = {k: v.detach().float() for k, v in params.items()}
         assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
@@ -431,7 +433,8 @@ def test_full_forward_with_every_feature_matches_reference():
         for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
             off = dataclasses.replace(hp, **{f: False})
             off_fns = tg.build_fns(off, torch.device("cpu"), compile_model=False, attention="dense")
-            other = off_fns.logits(tg.trunk(off, params, off_fns, ids, None, windows, {}), params["lm_head"])
+            inputs = tg.model_inputs(off, params, off_fns, tg.MicroBatch(ids), windows, {})
+            other = tg.head_logits(off_fns.layers(*inputs), params["lm_head"], off.softcap)
             # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
             assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
             assert_matches_torch(other, spec_forward(off, P64, ids, windows), spec_forward(off, P32, ids, windows),
@@ -449,7 +452,7 @@ def test_full_forward_gradients_reach_every_feature_parameter(device):
     big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
     mb = tg.MicroBatch(ids.to(device), targets.to(device), prep.to(device), bigram=big.to(device),
                        bigram_prep=tg.prepare_ids(big, hp.bigram_vocab_size).to(device))
-    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor([1.0, 0.5, 0.25], device=device))
+    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=torch.tensor([1.0, 0.5, 0.25], device=device))
     loss.backward()
     for k in ("bigram_embed", "bigram_lambdas", "smear_gate", "skip_gate"):
         assert params[k].grad is not None and params[k].grad.abs().max() > 0, k
@@ -570,9 +573,9 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, rows=None):
     loss = losses.mean()
     dx, dw = torch.autograd.grad(loss, (x, w))
     grad = torch.full((N,), 1.0 / N, device=dev)
-    dx2, dw2 = tg.fp8_head_ce_bwd(grad, logits, stats, t, wk, x8, w8, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
+    dx2, dw2 = fp8_head_ce_bwd(grad, logits, stats, t, wk, x8, w8, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
     assert torch.equal(dx, dx2) and torch.equal(dw, dw2), "autograd does not run fp8_head_ce_bwd"
-    g8, _ = tg.softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, t, wk, A, B, Cs, gs)
+    g8, _ = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, t, wk, A, B, Cs, gs)
     # the spec over the checked rows plus the K - 1 after them (a row's later terms read their targets)
     ext = slice(None) if rows is None else slice(0, rows.stop + len(wk) - 1)
     n = N if rows is None else rows.stop
@@ -631,7 +634,8 @@ def test_fp8_head_loss_within_the_e4m3_rounding_bound_on_gpu():
     A, B, Cs = SOFTCAP3
     x, w, t, wk, _ = _fp8_case(dev, 2048, 768, 50304, seed=1, w_std=0.04)
     x = torch.randn_like(x.float()).bfloat16()  # the head norms its input itself
-    l8, lb = fp8.loss(x, w, t, wk).item(), bf.loss(x, w, t, wk).item()
+    compiled = [torch.compile(f.loss, fullgraph=True, dynamic=False) for f in (fp8, bf)]
+    l8, lb = (loss(x, w, t, wk).item() for loss in compiled)
     xn = tg.rms_norm(x).double()
     wd = w.detach().double()
     exact = (_spec_ce64(xn @ wd, t, wk, A, B, Cs)).mean().item()
@@ -658,7 +662,7 @@ def test_compiled_head_with_ce_kernel_matches_reference_on_gpu():
     w = (torch.randn(768, V, generator=g) * 0.04).to(dev, torch.bfloat16).requires_grad_()
     t = torch.randint(0, 50257, (N,), generator=g).to(dev)
     wk = torch.tensor([1.0, 0.5, 0.25], device=dev)
-    loss = fns.loss(x, w, t, wk)
+    loss = torch.compile(fns.loss, fullgraph=True, dynamic=False)(x, w, t, wk)
     dx, dw = torch.autograd.grad(loss, (x, w))
     ref = lambda a, b, c: tg.head_loss(a, b, t, c, hp.softcap, tg.softcapped_cross_entropy_ref, False)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
@@ -691,7 +695,7 @@ def test_disable_flag_parses_and_trains(feature, device):
     opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     losses = []
     for step in range(2):
-        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, mtp)
+        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp)
         loss.backward()
         opt.accumulate()
         opt.step(step, 1.0, 0.9)

@@ -20,8 +20,10 @@ import torch.nn.functional as F
 
 from tolerances import assert_close_report, assert_matches_torch
 
+import run_log
 import train_gpt as tg
 from data.shards import write_shard
+from flags import field_comments
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -291,7 +293,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, tr.mtp[0]) for mb in mbs]
+    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, train=True, mtp=tr.mtp[0]) for mb in mbs]
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
@@ -374,7 +376,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
             sl = slice(h * n, (h + 1) * n)
             prep = tg.prepare_ids(ids[sl].cpu().contiguous(), hp.vocab_size).to(device)
             mb = tg.MicroBatch(ids[sl].contiguous(), targets[sl].contiguous(), prep)
-            loss = tg.forward(hp, params, fns, mb, windows, {}) / halves
+            loss = tg.forward(hp, params, fns, mb, windows, {}, train=False) / halves
             loss.backward()
             opt.accumulate()
         accs = {k: g.acc.clone() for k, g in opt.groups.items()}
@@ -596,51 +598,6 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
 # Profiling (--profile-steps)
 
 
-def test_profile_table_categorises_kernels():
-    """Synthetic kernels (name, start us, end us): categories by name, busy time as the union of overlapping
-    intervals (a reduce-scatter on another stream under a GEMM), idle = wall - busy, top list by total time."""
-    kernels = [
-        ("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100),
-        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50, 150),   # overlaps the GEMM by 50
-        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 150, 170),
-        ("triton_tem_fused_flex_attention_0", 170, 230),
-        ("_normuon_apply_kernel", 230, 240),
-        ("_gram_kernel", 240, 260),                                  # Polar Express: optimizer, not matmul
-        ("_adamw_kernel", 260, 265),
-        ("triton_poi_fused_add_mul_0", 265, 270),
-        ("_ce_fwd_kernel", 300, 310),                                # gap 270..300 is idle
-        ("sm90_xmma_gemm_bf16bf16_bf16f32", 310, 330),
-    ]
-    lines, cat = tg.profile_table(kernels, wall_us=400.0, n_steps=2, top=3)
-    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0,
-                   "elementwise/other": 15.0, "idle": 400.0 - 330.0 + 30.0}
-    assert tg.busy_us([(a, b) for _, a, b in kernels]) == 300.0
-    top = [line.split()[-1] for line in lines[2:5]]
-    assert top == ["sm90_xmma_gemm_bf16bf16_bf16f32", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL",
-                   "triton_tem_fused_flex_attention_0"]
-    assert "calls" in lines[1] and lines[2].split()[2] == "2", "the two GEMM calls are one row"
-    assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
-
-
-def test_profile_table_reports_communication_overlap():
-    """The communication line: busy = the union of the communication kernels' intervals (two collectives that
-    overlap each other count once), overlapped = the part of it during which another kernel runs (another
-    stream), exposed = the rest; records/compare.py, the one parser of the log, reads it back."""
-    ms = 1000.0
-    kernels = [("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100 * ms),
-               ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50 * ms, 150 * ms),  # 50 ms under the GEMM
-               ("ncclDevKernel_AllGather_RING_LL", 140 * ms, 160 * ms),            # overlaps the reduce-scatter
-               ("triton_poi_fused_add_mul_0", 155 * ms, 170 * ms),                  # 5 ms over the all-gather
-               ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200 * ms, 210 * ms)]     # alone
-    lines, _ = tg.profile_table(kernels, wall_us=300 * ms, n_steps=1)
-    assert "  communication: busy 120.00 ms, overlapped 55.00 ms (45.8%), exposed 65.00 ms" in lines
-    assert lines[-1].startswith("  by category: communication 130.00 ms")  # a sum: their 10 ms overlap twice
-    run = compare.parse_log_text("\n".join(["=" * 100, "profile_stage0: steps 0..0, trace t.json", *lines,
-                                             "step:1/1 train_time:300ms step_avg:300.00ms"]))
-    assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
-    assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
-
-
 def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):
     """--profile-steps 1 on a 2-step smoke run (two stages of one step): a trace per stage and a table in the log,
     then the same loss lines as the same run without profiling (the profiled steps are followed by a reset)."""
@@ -743,7 +700,7 @@ def _ref_forward(hp, P, ids, window_tokens):
 
 def test_flat_forward_matches_reference(device):
     """fp32 flat forward vs the reference in float64 (rule 1: at most 2x the reference's own fp32 error).
-    Dense attention on both devices (flex_attention is checked against it separately). The record #74
+    Dense attention on both devices (the FlashAttention op is checked against it separately). The record #74
     features are off here (the base model); tests/test_model.py checks each of them."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", **NO_FEATURES)
     params = _perturbed_params(hp, seed=11, device=device)
@@ -751,9 +708,10 @@ def test_flat_forward_matches_reference(device):
     windows = (1, 2)
     fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
     with torch.no_grad():
-        x = tg.trunk(hp, params, fns, ids.to(device), None, windows, {})
-        ours = fns.logits(x, params["lm_head"]).cpu()
-        ours_loss = fns.val_loss(x, params["lm_head"], targets.to(device), torch.ones(1, device=device)).cpu()
+        mb = tg.MicroBatch(ids.to(device), targets.to(device))
+        x = fns.layers(*tg.model_inputs(hp, params, fns, mb, windows, {}))
+        ours = tg.head_logits(x, params["lm_head"], hp.softcap).cpu()
+        ours_loss = tg.forward(hp, params, fns, mb, windows, {}, train=False).cpu()
         P64 = {k: v.detach().cpu().double() for k, v in params.items()}
         P32 = {k: v.detach().cpu().float() for k, v in params.items()}
         wt = (windows[0] * tg.BLOCK, windows[1] * tg.BLOCK)
@@ -773,11 +731,11 @@ def test_flat_forward_long_window_and_documents_matter(device):
     ids = ids.to(device)
     fns = tg.build_fns(hp, torch.device(device), compile_model=False)
     with torch.no_grad():
-        base = tg.trunk(hp, params, fns, ids, None, (1, 2), {})
-        wider = tg.trunk(hp, params, fns, ids, None, (2, 3), {})
+        base = fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {}))
+        wider = fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (2, 3), {}))
         one_doc = ids.clone()
         one_doc[1:][one_doc[1:] == hp.bos_id] = 0
-        merged = tg.trunk(hp, params, fns, one_doc, None, (1, 2), {})
+        merged = fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(one_doc), (1, 2), {}))
     assert (base - wider).abs().max() > 1e-3
     assert (base - merged).abs().max() > 1e-3
 
@@ -1060,7 +1018,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     tr.loader.close()
     assert int(mb.ids.max()) > 511 and int(mb.ids[0]) == 50256
     with torch.no_grad():
-        loss = tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}).item()
+        loss = tg.forward(hp, tr.params, tr.fns, mb, tg.windows_at(hp, 0), {}, train=False).item()
     assert abs(loss - math.log(50304)) < 0.05, loss
 
 
@@ -1139,7 +1097,7 @@ def test_help_lists_every_hyperparameter_with_its_comment(script_main, capsys, m
             assert flag not in flat
             continue
         assert flag in flat, f"--help lacks {flag}"
-    comments = tg.field_comments()
+    comments = field_comments(tg.Hyperparameters)
     assert set(comments) == {f.name for f in dataclasses.fields(tg.Hyperparameters)}, "a field has no comment"
     assert comments["muon_beta2"] == "NorMuon second-moment decay" and comments["muon_beta2"] in flat
 
@@ -1182,92 +1140,21 @@ def test_bad_flag_value_is_one_line_exit_2(argv, start, capsys):
 
 
 @on_smoke_run
-def test_logged_sources_are_the_imported_project_modules(smoke_run):
-    """The logged code is exactly train_gpt.py and the repo modules imported, sorted; never tests or benchmark
-    cases (even when the session imported them), and the smoke log's copy is such a list."""
-    import benchmarks.transpose  # noqa: F401  (a test session may import it; a training run never does)
-    imported = set()
-    for mod in list(sys.modules.values()):
-        path = getattr(mod, "__file__", None)
-        if isinstance(path, str) and os.path.isabs(path) and Path(path).resolve().is_relative_to(REPO):
-            imported.add(Path(path).resolve().relative_to(REPO).as_posix())
-    # hidden folders (a virtual environment made inside the repo, as the README does) are never logged
-    expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))
-                                          and not any(part.startswith(".") for part in p.split("/"))})
-    assert tg.logged_sources() == expected
+def test_smoke_log_holds_the_logged_sources(smoke_run):
+    """The smoke log's copy of the code is run_log.logged_sources() at the end of the run (tests/test_run_log.py):
+    the trainer, the modules beside it, kernels/ and data/, sorted, never a benchmark case."""
     _, log_path, _ = smoke_run
     text = log_path.read_text()
     logged = re.findall(r"^# ===== file: (\S+) =====$", text, re.M)
-    assert logged == sorted(logged) and set(logged) <= set(expected)
+    assert logged == sorted(logged) and set(logged) <= set(run_log.logged_sources())
     assert {"train_gpt.py", "kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py",
-            "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py"} \
-        <= set(logged)
+            "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py",
+            "compilation.py", "evaluation.py", "profiling.py", "run_log.py"} <= set(logged)
     assert "def bench_cases" not in text
 
 
 # ----------------------------------------------------------------------------------------------------
-# Compile report and --compile-cache
-
-
-def _stamp(**over):
-    return {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "python": "3.12.3", "gpu": "NVIDIA H200",
-            "code": "0123456789abcdef", **over}
-
-
-@pytest.fixture
-def compiler_caches(tmp_path, monkeypatch):
-    """Inductor's and Triton's cache folders, each holding one artefact, as the environment names them."""
-    ind, tri = tmp_path / "inductor_default", tmp_path / "triton_default"
-    for d, name in ((ind, "graph.py"), (tri, "kernel.cubin")):
-        d.mkdir()
-        (d / name).write_bytes(b"x" * 1000)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(ind))
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tri))
-    return ind, tri
-
-
-def test_compile_cache_saves_then_loads(tmp_path, compiler_caches, monkeypatch):
-    """An empty PATH compiles (and says so); save() copies both caches and writes the stamp; a later process with
-    the same stamp loads: inductor and Triton are pointed at PATH before anything compiles."""
-    path = tmp_path / "cc"
-    first = tg.CompileCache(path, _stamp()).open()
-    assert not first.loaded and first.describe("cold") == f"cold (--compile-cache {path}: empty: compiling)"
-    line = first.save()
-    assert line.startswith(f"compile_cache_saved: {path} ") and line.endswith(" s")
-    assert (path / "inductor" / "graph.py").is_file() and (path / "triton" / "kernel.cubin").is_file()
-    assert json.loads((path / "stamp.json").read_text()) == _stamp()
-    second = tg.CompileCache(path, _stamp()).open()
-    assert second.loaded and second.describe("warm") == f"loaded {path} (warm)"
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path / "inductor")
-    assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
-    assert tg.inductor_cache_dir() == path / "inductor" and tg.triton_cache_dir() == path / "triton"
-
-
-@pytest.mark.parametrize("field", ["torch", "triton", "gpu", "code"])
-def test_compile_cache_with_another_version_is_emptied_with_one_reason(tmp_path, compiler_caches, field):
-    path = tmp_path / "cc"
-    tg.CompileCache(path, _stamp()).open().save()
-    cache = tg.CompileCache(path, _stamp(**{field: "other"})).open()
-    assert not cache.loaded
-    text = cache.describe("cold")
-    assert "\n" not in text and f"made with {field} {_stamp()[field]}" in text and f"{field} other" in text
-    assert "emptied, compiling" in text
-    assert not (path / "inductor").exists() and not (path / "triton").exists() and not (path / "stamp.json").exists()
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != str(path / "inductor")  # the run compiles where it would anyway
-
-
-def test_compile_cache_without_a_stamp_is_not_trusted(tmp_path, compiler_caches):
-    path = tmp_path / "cc"
-    (path / "inductor").mkdir(parents=True)
-    cache = tg.CompileCache(path, _stamp()).open()
-    assert not cache.loaded and "no stamp.json" in cache.describe("cold")
-
-
-def test_compile_cache_path_that_is_a_file_is_refused(tmp_path):
-    target = tmp_path / "not_a_dir"
-    target.write_text("")
-    with pytest.raises(FileNotFoundError, match="--compile-cache .*not_a_dir: exists and is not a directory"):
-        tg.CompileCache(target, _stamp()).open()  # main() prints it as one line, exit code 2
+# --compile-cache without compilation (compilation.py: tests/test_compilation.py), zero-padded MTP weights
 
 
 def test_compile_cache_without_compilation_is_reported_unused(smoke_data, tmp_path):
@@ -1276,31 +1163,6 @@ def test_compile_cache_without_compilation_is_reported_unused(smoke_data, tmp_pa
     text = Path(log_path).read_text()
     assert f"compile_cache: --compile-cache {tmp_path / 'cc'} not used (nothing is compiled)" in text
     assert not (tmp_path / "cc").exists()
-
-
-def test_compile_report_states_and_lines():
-    """The cache state from the FX-graph cache counts (cold / warm / partly warm), one line per frame with its
-    phases, and a total; entries without a code object (runtime events) are left out."""
-    M = __import__("types").SimpleNamespace
-
-    def frame(cid, hit, miss):
-        return M(compile_id=cid, co_name="train_step", is_forward=True, entire_frame_compile_time_s=50.0,
-                 aot_autograd_cumulative_compile_time_us=40e6, inductor_cumulative_compile_time_us=30e6,
-                 triton_compile_time_us=5e6, graph_op_count=1109, inductor_fx_local_cache_hit_count=hit,
-                 inductor_fx_local_cache_miss_count=miss)
-
-    runtime = M(compile_id="0/0", co_name=None, is_forward=True, entire_frame_compile_time_s=None)
-    phases = [("stage0", 60.0), ("validation", 10.0)]
-    lines, state = tg.compile_report([frame("0/0", 0, 2), runtime], phases)
-    assert state == "cold" and len(lines) == 2
-    assert lines[0] == ("compile_report: frame train_step [0/0] ops 1109: 50.0 s (dynamo 10.0, aot_autograd 10.0, "
-                        "inductor 30.0 of which triton 5.0), lazily compiled backward 0.0 s (triton 0.0); "
-                        "fx_graph_cache 0/2 hits")
-    assert lines[1].startswith("compile_report: 1 frames compiled, ")
-    assert "compile 50.0 s of the warmup's 70.0 s" in lines[1]
-    assert tg.compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
-    assert tg.compile_report([frame("0/0", 2, 0), frame("0/1", 0, 2)], phases)[1] == \
-        "partly warm (2 of 4 graphs from the cache)"
 
 
 def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
@@ -1313,7 +1175,7 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
     mb = tg.MicroBatch(ids.to(device), targets.to(device), tg.prepare_ids(ids, hp.vocab_size).to(device))
     out = []
     for w in ([1.0, 0.5], [1.0, 0.5, 0.0]):
-        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, torch.tensor(w, device=device))
+        loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=torch.tensor(w, device=device))
         out.append((loss.detach(), torch.autograd.grad(loss, params["lm_head"])[0]))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),

@@ -1,0 +1,197 @@
+"""Compilation around a run of train_gpt.py: the report of its compile warmup and --compile-cache.
+
+The report (``compile_report``, from torch's per-frame compilation records): one ``compile_report:`` line per
+compiled frame (dynamo tracing, AOT autograd, inductor and Triton seconds, the lazily compiled backward,
+FX-graph cache hits) and a total; the cache state, "cold", "warm" or "partly warm", is the ``compile_cache:``
+line. ``log_compilation`` writes these after the warmup.
+
+--compile-cache PATH (``CompileCache``, opened by ``open_compile_cache`` before anything compiles): compiled
+artefacts kept between processes, stamped with the versions, the GPU and the hash of the code that ran.
+"""
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import triton
+
+from run_log import source_dump
+
+def unique_graphs():
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def compile_metrics():
+    """torch's per-frame compilation records (forward frames and their lazily compiled backwards)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+        return list(get_compilation_metrics())
+    except (ImportError, AttributeError):
+        return []
+
+
+def _us(m, field):
+    v = getattr(m, field, None)
+    return (v or 0) / 1e6
+
+
+def compile_report(metrics, phases):
+    """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
+    Triton compilation, the backward's inductor and Triton time, FX-graph cache hits) and a total; the cache
+    state is "cold" (no graph came from the inductor cache), "warm" (all did) or
+    "partly warm (h of n graphs from the cache)"."""
+    lines, hits, lookups = [], 0, 0
+    backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
+    # frames only: torch also records entries without a code object (runtime events), which carry no times
+    metrics = [m for m in metrics if getattr(m, "co_name", None) is not None or m in backward.values()]
+    for m in metrics:
+        if getattr(m, "is_forward", True) is False:
+            continue
+        total = getattr(m, "entire_frame_compile_time_s", None) or 0.0
+        aot, ind, tri = (_us(m, f) for f in ("aot_autograd_cumulative_compile_time_us",
+                                               "inductor_cumulative_compile_time_us", "triton_compile_time_us"))
+        b = backward.get(m.compile_id)
+        b_total = _us(b, "backward_cumulative_compile_time_us") if b else 0.0
+        b_tri = _us(b, "triton_compile_time_us") if b else 0.0
+        h = sum(getattr(x, "inductor_fx_local_cache_hit_count", 0) or 0 for x in (m, b) if x)
+        n = h + sum(getattr(x, "inductor_fx_local_cache_miss_count", 0) or 0 for x in (m, b) if x)
+        hits, lookups = hits + h, lookups + n
+        lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
+                     f"{total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
+                     f"{ind:.1f} of which triton {tri:.1f}), lazily compiled backward {b_total:.1f} s (triton "
+                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits")
+    # A frame's inductor time holds both of its graphs where AOT autograd compiles the backward together with
+    # the forward (torch 2.11 on our GPUs: the backward's own entry then reads 0).
+    frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)
+    compile_s = sum((getattr(m, "entire_frame_compile_time_s", None) or 0.0) for m in metrics) + sum(
+        _us(m, "backward_cumulative_compile_time_us") for m in backward.values())
+    wall = sum(s for _, s in phases)
+    lines.append(f"compile_report: {frames} frames compiled, {unique_graphs()} graphs, compile {compile_s:.1f} s of "
+                 f"the warmup's {wall:.1f} s (the rest: first launches of our Triton kernels, running the steps)")
+    state = ("cold" if lookups == 0 or hits == 0 else "warm" if hits == lookups
+             else f"partly warm ({hits} of {lookups} graphs from the cache)")
+    return lines, state
+
+
+def _dir_bytes(path):
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def inductor_cache_dir():
+    """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return Path(cache_dir())
+
+
+def triton_cache_dir():
+    """Where Triton keeps the binaries of our own @triton.jit kernels (TRITON_CACHE_DIR, else ~/.triton/cache)."""
+    knobs = getattr(triton, "knobs", None)
+    path = getattr(getattr(knobs, "cache", None), "dir", None) if knobs is not None else None
+    return Path(path or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+class CompileCache:
+    """--compile-cache PATH: compile artifacts a user can keep (another process, another day, a copy on another
+    machine of the same kind). PATH holds inductor's cache (compiled graphs, their Triton kernels), the Triton
+    cache of our own kernels, and stamp.json: the torch / Triton / CUDA / Python versions, the GPU and the
+    sha256 of the source that ran. At start (before anything compiles), a matching stamp points inductor and
+    Triton at PATH (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): the compile then reads finished artifacts.
+    A stamp that differs is reported in one line and PATH is emptied: the run compiles cold. After the warmup
+    the caches the run used are copied into PATH (when it was not reading from there already) and stamped."""
+
+    def __init__(self, path, stamp):
+        self.path, self.stamp = Path(path), stamp
+        self.loaded, self.why = False, ""
+
+    @staticmethod
+    def current_stamp(device):
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                "python": platform.python_version(), "gpu": gpu,
+                "code": hashlib.sha256(source_dump().encode()).hexdigest()[:16]}
+
+    def open(self):
+        """Read PATH's stamp and point the compilers at PATH if it matches; call before any compilation."""
+        stamp_file = self.path / "stamp.json"
+        if self.path.exists() and not self.path.is_dir():
+            raise FileNotFoundError(f"--compile-cache {self.path}: exists and is not a directory")
+        if stamp_file.is_file():
+            try:
+                old = json.loads(stamp_file.read_text())
+            except (OSError, ValueError):
+                old = {}
+            diff = [k for k in self.stamp if old.get(k) != self.stamp[k]]
+            if not diff:
+                self.loaded = True
+            else:
+                self.why = ("made with " + ", ".join(f"{k} {old.get(k)}" for k in diff) + "; this run has "
+                            + ", ".join(f"{k} {self.stamp[k]}" for k in diff) + ": emptied, compiling")
+                for sub in ("inductor", "triton", "stamp.json"):
+                    p = self.path / sub
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        elif self.path.is_dir() and any(self.path.iterdir()):
+            self.why = "no stamp.json (an interrupted save?): compiling"
+        else:
+            self.why = "empty: compiling"
+        if self.loaded:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.path / "inductor")
+            os.environ["TRITON_CACHE_DIR"] = str(self.path / "triton")
+        return self
+
+    def describe(self, state):
+        if self.loaded:
+            return f"loaded {self.path} ({state})"
+        return f"{state} (--compile-cache {self.path}: {self.why})"
+
+    def save(self):
+        """Copy the caches the run used into PATH (unless it read from there), write the stamp; the log line."""
+        t0 = time.perf_counter()
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not self.loaded:
+            for src, name in ((inductor_cache_dir(), "inductor"), (triton_cache_dir(), "triton")):
+                if src.is_dir():
+                    shutil.copytree(src, self.path / name, dirs_exist_ok=True)
+        (self.path / "stamp.json").write_text(json.dumps(self.stamp, indent=1) + "\n")
+        size = _dir_bytes(self.path) / 2 ** 20
+        return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+
+
+def open_compile_cache(path, compiling, d, log):
+    """The CompileCache of --compile-cache PATH, opened before anything compiles: rank 0 reads the stamp (and
+    empties a stale cache) before the other ranks look. None without the flag, and (logged) without
+    compilation. d: the run's ranks and device (train_gpt.Dist)."""
+    if not path:
+        return None
+    if not compiling:
+        log(f"compile_cache: --compile-cache {path} not used (nothing is compiled)")
+        return None
+    cache = CompileCache(path, CompileCache.current_stamp(d.device))
+    if d.rank == 0:
+        cache.open()
+    if d.world > 1:
+        dist.barrier()
+    if d.rank != 0:
+        cache.open()
+    return cache
+
+
+def log_compilation(log, phases, metrics, cache, d):
+    """After the compile warmup: compile_warmup_s (the phases' seconds), how the compile started (the
+    compile_cache line: cold, warm, or loaded from --compile-cache) and the compile_report lines of the frames
+    ``metrics``; then rank 0 copies the caches into --compile-cache while the other ranks wait."""
+    log(f"compile_warmup_s: {sum(s for _, s in phases):.1f}")
+    lines, state = compile_report(metrics, phases)
+    log(f"compile_cache: {cache.describe(state) if cache is not None else state}")
+    for line in lines:
+        log(line)
+    if cache is not None:
+        if d.rank == 0:
+            log(cache.save())
+        if d.world > 1:
+            dist.barrier()

@@ -1,0 +1,96 @@
+"""Tests of compilation.py: --compile-cache (save, load, a stale or unstamped cache, a path that is a file) and
+the compile report's lines and cache states. A smoke run with --compile-cache and no compilation is tested in
+test_train_gpt.py."""
+import json
+import os
+import types
+
+import pytest
+
+from compilation import CompileCache, compile_report, inductor_cache_dir, triton_cache_dir
+
+
+def _stamp(**over):
+    return {"torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "python": "3.12.3", "gpu": "NVIDIA H200",
+            "code": "0123456789abcdef", **over}
+
+
+@pytest.fixture
+def compiler_caches(tmp_path, monkeypatch):
+    """Inductor's and Triton's cache folders, each holding one artefact, as the environment names them."""
+    ind, tri = tmp_path / "inductor_default", tmp_path / "triton_default"
+    for d, name in ((ind, "graph.py"), (tri, "kernel.cubin")):
+        d.mkdir()
+        (d / name).write_bytes(b"x" * 1000)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(ind))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tri))
+    return ind, tri
+
+
+def test_compile_cache_saves_then_loads(tmp_path, compiler_caches, monkeypatch):
+    """An empty PATH compiles (and says so); save() copies both caches and writes the stamp; a later process with
+    the same stamp loads: inductor and Triton are pointed at PATH before anything compiles."""
+    path = tmp_path / "cc"
+    first = CompileCache(path, _stamp()).open()
+    assert not first.loaded and first.describe("cold") == f"cold (--compile-cache {path}: empty: compiling)"
+    line = first.save()
+    assert line.startswith(f"compile_cache_saved: {path} ") and line.endswith(" s")
+    assert (path / "inductor" / "graph.py").is_file() and (path / "triton" / "kernel.cubin").is_file()
+    assert json.loads((path / "stamp.json").read_text()) == _stamp()
+    second = CompileCache(path, _stamp()).open()
+    assert second.loaded and second.describe("warm") == f"loaded {path} (warm)"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+    assert inductor_cache_dir() == path / "inductor" and triton_cache_dir() == path / "triton"
+
+
+@pytest.mark.parametrize("field", ["torch", "triton", "gpu", "code"])
+def test_compile_cache_with_another_version_is_emptied_with_one_reason(tmp_path, compiler_caches, field):
+    path = tmp_path / "cc"
+    CompileCache(path, _stamp()).open().save()
+    cache = CompileCache(path, _stamp(**{field: "other"})).open()
+    assert not cache.loaded
+    text = cache.describe("cold")
+    assert "\n" not in text and f"made with {field} {_stamp()[field]}" in text and f"{field} other" in text
+    assert "emptied, compiling" in text
+    assert not (path / "inductor").exists() and not (path / "triton").exists() and not (path / "stamp.json").exists()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != str(path / "inductor")  # the run compiles where it would anyway
+
+
+def test_compile_cache_without_a_stamp_is_not_trusted(tmp_path, compiler_caches):
+    path = tmp_path / "cc"
+    (path / "inductor").mkdir(parents=True)
+    cache = CompileCache(path, _stamp()).open()
+    assert not cache.loaded and "no stamp.json" in cache.describe("cold")
+
+
+def test_compile_cache_path_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "not_a_dir"
+    target.write_text("")
+    with pytest.raises(FileNotFoundError, match="--compile-cache .*not_a_dir: exists and is not a directory"):
+        CompileCache(target, _stamp()).open()  # main() prints it as one line, exit code 2
+
+
+def test_compile_report_states_and_lines():
+    """The cache state from the FX-graph cache counts (cold / warm / partly warm), one line per frame with its
+    phases, and a total; entries without a code object (runtime events) are left out."""
+    M = types.SimpleNamespace
+
+    def frame(cid, hit, miss):
+        return M(compile_id=cid, co_name="train_step", is_forward=True, entire_frame_compile_time_s=50.0,
+                 aot_autograd_cumulative_compile_time_us=40e6, inductor_cumulative_compile_time_us=30e6,
+                 triton_compile_time_us=5e6, graph_op_count=1109, inductor_fx_local_cache_hit_count=hit,
+                 inductor_fx_local_cache_miss_count=miss)
+
+    runtime = M(compile_id="0/0", co_name=None, is_forward=True, entire_frame_compile_time_s=None)
+    phases = [("stage0", 60.0), ("validation", 10.0)]
+    lines, state = compile_report([frame("0/0", 0, 2), runtime], phases)
+    assert state == "cold" and len(lines) == 2
+    assert lines[0] == ("compile_report: frame train_step [0/0] ops 1109: 50.0 s (dynamo 10.0, aot_autograd 10.0, "
+                        "inductor 30.0 of which triton 5.0), lazily compiled backward 0.0 s (triton 0.0); "
+                        "fx_graph_cache 0/2 hits")
+    assert lines[1].startswith("compile_report: 1 frames compiled, ")
+    assert "compile 50.0 s of the warmup's 70.0 s" in lines[1]
+    assert compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
+    assert compile_report([frame("0/0", 2, 0), frame("0/1", 0, 2)], phases)[1] == \
+        "partly warm (2 of 4 graphs from the cache)"

@@ -1,0 +1,50 @@
+"""Tests of profiling.py (train_gpt.py --profile-steps): the profile table's categories, busy and idle time, and
+the communication overlap line that records/compare.py reads back. The profiled smoke run itself is tested in
+test_train_gpt.py."""
+from profiling import busy_us, profile_table
+from test_train_gpt import compare  # records/compare.py, the one parser of the trainer's logs
+
+
+def test_profile_table_categorises_kernels():
+    """Synthetic kernels (name, start us, end us): categories by name, busy time as the union of overlapping
+    intervals (a reduce-scatter on another stream under a GEMM), idle = wall - busy, top list by total time."""
+    kernels = [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50, 150),   # overlaps the GEMM by 50
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 150, 170),
+        ("pytorch_flash::flash_fwd_kernel", 170, 230),       
+        ("_normuon_apply_kernel", 230, 240),
+        ("_gram_kernel", 240, 260),                                  # Polar Express: optimizer, not matmul
+        ("_adamw_kernel", 260, 265),
+        ("triton_poi_fused_add_mul_0", 265, 270),
+        ("_ce_fwd_kernel", 300, 310),                                # gap 270..300 is idle
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 310, 330),
+    ]
+    lines, cat = profile_table(kernels, wall_us=400.0, n_steps=2, top=3)
+    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0,
+                   "elementwise/other": 15.0, "idle": 400.0 - 330.0 + 30.0}
+    assert busy_us([(a, b) for _, a, b in kernels]) == 300.0
+    top = [line.split()[-1] for line in lines[2:5]]
+    assert top == ["sm90_xmma_gemm_bf16bf16_bf16f32", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL",
+                   "pytorch_flash::flash_fwd_kernel"]
+    assert "calls" in lines[1] and lines[2].split()[2] == "2", "the two GEMM calls are one row"
+    assert lines[-1].startswith("  by category:") and "idle 0.10 ms (25.0%)" in lines[-1]
+
+
+def test_profile_table_reports_communication_overlap():
+    """The communication line: busy = the union of the communication kernels' intervals (two collectives that
+    overlap each other count once), overlapped = the part of it during which another kernel runs (another
+    stream), exposed = the rest; records/compare.py, the one parser of the log, reads it back."""
+    ms = 1000.0
+    kernels = [("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100 * ms),
+               ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50 * ms, 150 * ms),  # 50 ms under the GEMM
+               ("ncclDevKernel_AllGather_RING_LL", 140 * ms, 160 * ms),            # overlaps the reduce-scatter
+               ("triton_poi_fused_add_mul_0", 155 * ms, 170 * ms),                  # 5 ms over the all-gather
+               ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200 * ms, 210 * ms)]     # alone
+    lines, _ = profile_table(kernels, wall_us=300 * ms, n_steps=1)
+    assert "  communication: busy 120.00 ms, overlapped 55.00 ms (45.8%), exposed 65.00 ms" in lines
+    assert lines[-1].startswith("  by category: communication 130.00 ms")  # a sum: their 10 ms overlap twice
+    run = compare.parse_log_text("\n".join(["=" * 100, "profile_stage0: steps 0..0, trace t.json", *lines,
+                                             "step:1/1 train_time:300ms step_avg:300.00ms"]))
+    assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
+    assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
