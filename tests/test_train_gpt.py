@@ -161,7 +161,7 @@ def _finish(proc, log_path, timeout=600):
 
 # The GPU runs of the compiled smoke model, run once per session for the tests below (tests/conftest.py).
 on_gpu_runs = pytest.mark.xdist_group("train_gpt_gpu_runs")
-GPU_STEPS, GPU_RESUME_AT = 40, 20
+GPU_STEPS, GPU_RESUME_AT = 40, 16  # the resumed part crosses stage 1's start (18) and the untie (before 19)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def gpu_runs(shared_build):
     """Three runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
     through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
-    and the untie (step 24), validation every 5 steps, the train loss logged at every step. Run "a" first (it
+    and the untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints at steps 20 and 40;
     then, side by side, run "b" (the same command again) and run "resumed" (--resume a's step-20 checkpoint, steps
     21 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
@@ -231,14 +231,14 @@ def test_deterministic_gpu(gpu_runs):
 @pytest.mark.skipif(not HAS_CUDA, reason="resume on the GPU path (compiled, --deterministic); on the CPU "
                                          "test_resume_reproduces_uninterrupted_run checks the same")
 def test_resume_gpu(gpu_runs):
-    """GPU resume (the gpu_runs fixture): 40 steps straight (run "a") against 20 steps + --resume + 20 ("resumed",
-    from a's step-20 checkpoint, in a new process), both --deterministic: bitwise-identical train and val losses
+    """GPU resume (the gpu_runs fixture): 40 steps straight (run "a") against 16 steps + --resume + 24 ("resumed",
+    from a's step-16 checkpoint, in a new process), both --deterministic: bitwise-identical train and val losses
     after the resume, and bitwise-identical final weights and optimizer state (the resumed part crosses the untie
-    at step 24 and two stage changes). The CPU equivalent, in the CPU suite: test_resume_reproduces_uninterrupted_run
+    before step 19 and two stage changes, at 18 and 36). The CPU equivalent, in the CPU suite: test_resume_reproduces_uninterrupted_run
     (eager smoke model, resume at the untie step)."""
     (_, sa, va, ca), (text, sr, vr, cr) = gpu_runs["a"], gpu_runs["resumed"]
     assert tg.untie_step(tg.smoke_hyperparameters(scheduled_steps=GPU_STEPS - 4)) > GPU_RESUME_AT
-    assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after step 20"
+    assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after its checkpoint"
     assert {s: sa[s] for s in sr} == sr, "train losses after resume differ"
     assert vr and {s: va[s] for s in vr} == vr, "val losses after resume differ"
     a, b = torch.load(ca, weights_only=False), torch.load(cr, weights_only=False)
