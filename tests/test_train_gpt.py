@@ -138,14 +138,18 @@ def test_resume_reproduces_uninterrupted_run(smoke_run, smoke_data, tmp_path):
     assert sorted(steps_res) == list(range(6, 11))
     assert {s: steps_full[s] for s in steps_res} == steps_res, "train losses after resume differ"
     assert {s: vals_full[s] for s in vals_res} == vals_res, "val losses after resume differ"
-    a = torch.load(ckpt_dir / "step_000010" / "rank0.pt", weights_only=False)
-    b = torch.load(Path(ckpt2) / "step_000010" / "rank0.pt", weights_only=False)
+    _assert_same_checkpoint(ckpt_dir / "step_000010" / "rank0.pt", Path(ckpt2) / "step_000010" / "rank0.pt")
+
+
+def _assert_same_checkpoint(path_a, path_b, what="after resume"):
+    """Two checkpoint files hold bitwise-equal parameters and optimizer state."""
+    a, b = torch.load(path_a, weights_only=False), torch.load(path_b, weights_only=False)
     for k in a["params"]:
-        assert torch.equal(a["params"][k], b["params"][k]), f"final {k} differs after resume"
+        assert torch.equal(a["params"][k], b["params"][k]), f"final {k} differs {what}"
     for name, ga in a["optimizer"]["groups"].items():
         for key, t in ga.items():
             if isinstance(t, torch.Tensor):
-                assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs"
+                assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs {what}"
 
 
 def _finish(proc, log_path, timeout=600):
@@ -241,13 +245,7 @@ def test_resume_gpu(gpu_runs):
     assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after its checkpoint"
     assert {s: sa[s] for s in sr} == sr, "train losses after resume differ"
     assert vr and {s: va[s] for s in vr} == vr, "val losses after resume differ"
-    a, b = torch.load(ca, weights_only=False), torch.load(cr, weights_only=False)
-    for k in a["params"]:
-        assert torch.equal(a["params"][k], b["params"][k]), f"final {k} differs after resume"
-    for name, ga in a["optimizer"]["groups"].items():
-        for key, t in ga.items():
-            if isinstance(t, torch.Tensor):
-                assert torch.equal(t, b["optimizer"]["groups"][name][key]), f"optimizer {name}.{key} differs"
+    _assert_same_checkpoint(ca, cr)
 
 
 def test_trainer_reset_restores_initial_state(smoke_data, device):
