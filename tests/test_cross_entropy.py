@@ -2,9 +2,10 @@
 the backward that writes the FP8 (e5m2) gradient in both layouts.
 
 The specification is written again here in float64 (``spec_losses``), as a weighted target matrix rather than
-the module's loop over k, and its gradient comes from float64 autograd. Losses and dlogits are judged with
-rule 1 of tests/tolerances.py against plain PyTorch computing the same thing in fp32 (or from the same bf16
-inputs); the row statistics with bounds derived from the kernel's operations (below); the e5m2 gradient with
+the module's loop over k, and its gradient comes from float64 autograd. Losses (and bf16
+dlogits) are judged with rule 1 of tests/tolerances.py against plain PyTorch computing the same thing in fp32
+(or from the same bf16 inputs); the row statistics and fp32 dlogits with bounds derived from the kernel's
+operations (below, and rule 3's fp32 allowance); the e5m2 gradient with
 rule 3 (the round-to-nearest-even e5m2 value of a result within fp32 error of the spec) plus bitwise
 g8t == g8.T. Without a GPU the kernels run in Triton's interpreter: fp32 and small V, with a 32-column tile so
 that V=64 takes only the unmasked full-tile path, V=77 full tiles plus the masked tail, and V=20 the tail
@@ -20,7 +21,7 @@ import triton.language as tl
 from kernels.cross_entropy import (_e5m2_bits, softcapped_cross_entropy, softcapped_cross_entropy_bwd,
                                    softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
                                    softcapped_cross_entropy_ref)
-from tests.tolerances import (UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch,
+from tests.tolerances import (E5M2_FP32_ULPS, UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch,
                               assert_rounded_e5m2, shifted_randn)
 
 HAS_CUDA = torch.cuda.is_available()
@@ -82,9 +83,10 @@ def spec_grad(x, targets, weights, grad, A, B, C):
     return x64.grad
 
 
-def spec_e5m2_terms(x, targets, weights, grad, scale, A, B, C):
+def spec_grad_terms(x, targets, weights, grad, scale, A, B, C):
     """Float64 magnitude of the terms of dx / scale = g (W p - M) (A/C) s (1 - s) / scale, rule 3's ``terms``:
-    |g| (W p + M) (A/C) s / scale (s, not s (1 - s): the fp32 error of s (1 - s) is a few u of s)."""
+    |g| (W p + M) (A/C) s / scale (s, not s (1 - s): the fp32 error of s (1 - s) is a few u of s). With scale 1
+    it is also the scale of the fp32 dlogits' error (``assert_dlogits``)."""
     x = x.detach().to(torch.float64)
     N, V = x.shape
     s = 1.0 / (1.0 + torch.exp(-(x + B) / C))
@@ -154,7 +156,7 @@ def check_e5m2(x, targets, weights, grad, scale, g8, g8t, rows=None):
         end = min(N, r1 + K - 1)       # rows up to r1 + K - 2 hold the targets of rows r0 .. r1 - 1
         xs, ts, gs = x[r0:end], targets[r0:end], grad[r0:end]
         expect = spec_grad(xs, ts, weights, gs, A, B, C)[:r1 - r0] / scale
-        terms = spec_e5m2_terms(xs, ts, weights, gs, scale, A, B, C)[:r1 - r0]
+        terms = spec_grad_terms(xs, ts, weights, gs, scale, A, B, C)[:r1 - r0]
         assert_rounded_e5m2(g8[r0:r1], expect, terms, name=f"g8 rows {r0}:{r1}")
 
 
@@ -170,7 +172,22 @@ def check_against_spec(x, targets, weights, losses, stats, dx, grad):
     xf, lowp = torch_lowp(x, targets, weights, A, B, C)
     assert_matches_torch(losses, expect, lowp.detach(), name="losses")
     lowp.backward(grad)
-    assert_matches_torch(dx, spec_grad(x, targets, weights, grad, A, B, C), xf.grad.to(dx.dtype), name="dlogits")
+    assert_dlogits(dx, spec_grad(x, targets, weights, grad, A, B, C), xf.grad, x, targets, weights, grad)
+
+
+def assert_dlogits(dx, expect64, torch_grad, x, targets, weights, grad):
+    """fp32 dlogits: within the fp32 error derived for this backward in tests/tolerances.py (rule 3's
+    E5M2_FP32_ULPS u x the terms' magnitude, per element): the kernel computes the same fp32 value that the e5m2
+    path then rounds, and its error is dominated by exp amplifying the error of z (138 u of p), not by the
+    summation order rule 1 assumes; on one H200 the GPU's approximate exp put one element 3.1x torch's error
+    from the spec (issue 31). bf16 dlogits: rule 1 against torch, the output's own rounding (2^-9) dominating
+    that fp32 error (2^-14 of the terms)."""
+    if dx.dtype == torch.float32:
+        terms = spec_grad_terms(x, targets, weights, grad, 1.0, *SOFTCAP)
+        assert_close_report(dx, expect64, atol=E5M2_FP32_ULPS * UNIT_ROUNDOFF[torch.float32] * terms,
+                            name="dlogits")
+    else:
+        assert_matches_torch(dx, expect64, torch_grad.to(dx.dtype), name="dlogits")
 
 
 # ------------------------------------------------------------------------------------------ values (CPU)
@@ -198,7 +215,7 @@ def test_first_weight_only_is_plain_cross_entropy(device):
     xf, lowp = torch_lowp(x, targets, weights, A, B, C)
     lowp.backward(grad)
     assert_matches_torch(losses, expect.detach(), lowp.detach(), name="losses")
-    assert_matches_torch(dx, x64.grad, xf.grad, name="dlogits")
+    assert_dlogits(dx, x64.grad, xf.grad, x, targets, weights, grad)
 
 
 def test_rows_without_weighted_terms_are_zero(device):

@@ -51,7 +51,8 @@ and must where |ref| - err >= 61440, and NaN exactly where ref is NaN. The fp32 
 ``err = E5M2_FP32_ULPS * u_fp32 * terms``, with ``terms`` the magnitude of the terms that make up the value
 (the rounding error of an fp32 computation scales with them, not with a result that cancels), passed by the
 test. ``E5M2_FP32_ULPS = 2^10`` is derived for the one user, the soft-capped cross-entropy backward
-(kernels/cross_entropy.py): dx / scale = g (W p - hit) (A/C) s (1 - s) / scale with p = exp(z - m) / S,
+(kernels/cross_entropy.py; its fp32 dlogits, the same value unrounded, are held to the same fp32 error):
+dx / scale = g (W p - hit) (A/C) s (1 - s) / scale with p = exp(z - m) / S,
 terms = |g| (W p + hit) (A/C) s / scale (s rather than s (1 - s): the fp32 error of s (1 - s) is a few u of
 s, however small 1 - s is). In units of u = 2^-24, worst case on a GPU: z = A sigmoid((x + B) / C) carries
 at most 6 u A absolute error (the argument's two roundings, exp, add, reciprocal, the product by A);
@@ -196,9 +197,12 @@ def max_abs_err(actual, expected):
 
 
 def assert_close_report(actual, expected, *, atol, rtol=0.0, name="output"):
-    """Elementwise |actual - expected| <= atol + rtol*|expected|, with a verbose failure message."""
+    """Elementwise |actual - expected| <= atol + rtol*|expected|, with a verbose failure message; ``atol`` is a
+    number or a tensor broadcastable to ``expected`` (a per-element bound)."""
     a = actual.detach().to("cpu", torch.float64)
     e = expected.detach().to("cpu", torch.float64)
+    if torch.is_tensor(atol):
+        atol = atol.detach().to("cpu", torch.float64)
     if a.shape != e.shape:
         raise AssertionError(f"{name}: shape mismatch {tuple(a.shape)} vs {tuple(e.shape)}")
     if a.numel() == 0:
@@ -206,8 +210,14 @@ def assert_close_report(actual, expected, *, atol, rtol=0.0, name="output"):
     ok = (a - e).abs() <= atol + rtol * e.abs()
     ok |= (a == e)  # equal infinities
     if not bool(ok.all()):
+        if torch.is_tensor(atol):
+            bound = (atol + rtol * e.abs()).expand_as(e)
+            worst = int(((a - e).abs() - bound).nan_to_num(nan=float("inf")).flatten().argmax())
+            atol = f"per element; at the worst excess {float(bound.flatten()[worst]):.3e}"
+        else:
+            atol = f"{atol:.3e}"
         raise AssertionError(f"{name}: {int((~ok).sum())} of {a.numel()} elements out of tolerance "
-                             f"(atol {atol:.3e}, rtol {rtol:.3e})\n" + _describe(actual, expected))
+                             f"(atol {atol}, rtol {rtol:.3e})\n" + _describe(actual, expected))
 
 
 def assert_matches_torch(actual, expected64, torch_lowp, *, name="output", factor=FACTOR, scale=None):
