@@ -53,23 +53,30 @@ def _torchrun(nproc, script, *argv, timeout=300):
     return res
 
 
-@pytest.fixture(scope="module")
-def ws_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ws_data")
+def _write_data(d):
     _make_shard(d / "smoke_train_000001.bin", 120_000, 1)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
     return str(d / "smoke_train_*.bin"), str(d / "smoke_val_*.bin")
 
 
 @pytest.fixture(scope="module")
-def ranks(ws_data, tmp_path_factory):
-    """{world size: [the record of each rank]} (tests/world_size_worker.py)."""
-    out = {}
-    for world in WORLD_SIZES:
-        d = tmp_path_factory.mktemp(f"ws{world}")
-        _torchrun(world, WORKER, d, *ws_data, json.dumps(SMALL))
-        out[world] = [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    return out
+def ws_data(tmp_path_factory):
+    return _write_data(tmp_path_factory.mktemp("ws_data"))
+
+
+@pytest.fixture(scope="module")
+def ranks(shared_build):
+    """{world size: [the record of each rank]} (tests/world_size_worker.py), built once per session for all xdist
+    workers (four torchrun launches, about a minute on 16 cores)."""
+    def build(folder):
+        data = _write_data(folder)
+        for world in WORLD_SIZES:
+            (folder / f"ws{world}").mkdir()
+            _torchrun(world, WORKER, folder / f"ws{world}", *data, json.dumps(SMALL))
+
+    root = shared_build("world_sizes", build)
+    return {world: [torch.load(root / f"ws{world}" / f"rank{r}.pt", weights_only=False) for r in range(world)]
+            for world in WORLD_SIZES}
 
 
 def _slots(recs, step):
