@@ -548,7 +548,7 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, rows=None):
     failed on one H200 by less than half a bf16 ulp on 16 of 1536 elements of dx: the accumulation, not dx,
     was off); the restated call pins the composition (operands, layouts, scales) exactly on every device, so a
     scale off by any factor, a transposed or swapped operand, or another gradient than g8 fails there."""
-    from tests.test_cross_entropy import spec_e5m2_terms, spec_grad
+    from tests.test_cross_entropy import spec_grad_terms, spec_grad
     from tests.tolerances import assert_fp8_gemm, assert_rounded_e5m2
     A, B, Cs = SOFTCAP3
     u = 2.0 ** -24
@@ -581,7 +581,7 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, rows=None):
     n = N if rows is None else rows.stop
     lg = logits[ext].detach()
     assert_rounded_e5m2(g8[r], spec_grad(lg, t[ext], wk, grad[ext], A, B, Cs)[:n] / gs,
-                        spec_e5m2_terms(lg, t[ext], wk, grad[ext], gs, A, B, Cs)[:n], name="fp8 head e5m2 gradient")
+                        spec_grad_terms(lg, t[ext], wk, grad[ext], gs, A, B, Cs)[:n], name="fp8 head e5m2 gradient")
     # dx = g8 @ w8^T grad_s w_s and dw = x8^T @ g8 x_s grad_s, restated (torch._scaled_mm wants its second operand
     # column-major, hence the transposed copies' .T): the same call on the same operands gives the same bits
     scale = lambda v: torch.tensor(v, dtype=torch.float32, device=dev)
