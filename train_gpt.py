@@ -1735,7 +1735,8 @@ class Trainer:
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
-        self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
+        with torch.profiler.record_function("optimizer_step"):  # a named GPU range in --profile-steps traces
+            self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
         if want_loss:
             if self.d.world > 1:
                 dist.all_reduce(total)
