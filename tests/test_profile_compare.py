@@ -26,6 +26,7 @@ KERNELS = [
     ("_ce_fwd_kernel", 250, 30, "cross entropy"),
     ("fused_softcapped_entropy_bwd_kernel", 280, 20, "cross entropy"),
     ("triton_poi_fused_add_mul_rms_norm_0", 300, 10, "elementwise/norms"),
+    ("triton_poi_fused_embedding_1", 50, 30, "elementwise/norms"),  # another stream, under the matmul: not idle
     ("Memcpy DtoD (Device -> Device)", 310, 5, "copies"),
     ("_transpose_kernel", 315, 5, "copies"),
     # 20 us of nothing: idle
