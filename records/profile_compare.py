@@ -62,6 +62,10 @@ def category(name, cat, start, opt_ranges):
         return "attention bwd" if "bwd" in low or "backward" in low else "attention fwd"
     if "_ce_" in low or "softcapped_entropy" in low or "cross_entropy" in low:
         return "cross entropy"
+    if low.startswith("triton_tem"):      # inductor's matmul templates
+        return "matmul"
+    if low.startswith("triton_"):         # inductor's fused pointwise/reduction kernels (names list fused ops)
+        return "elementwise/norms"
     if any(p in low for p in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "linear_relu_square", "_mm_",
                               "fused_mm", "matmul")):
         return "matmul"
@@ -70,10 +74,18 @@ def category(name, cat, start, opt_ranges):
     return "elementwise/norms"
 
 
-def summarise(trace):
+def summarise(trace, skip=0):
     """(ms per category, {(kernel, category): (ms, calls)}, span ms, optimizer ranges found) over the trace (a
-    kernel that runs both inside and outside the optimizer gets two rows)."""
-    opt = [(a, a + d) for name, a, d in trace["ranges"] if name == OPT_RANGE]
+    kernel that runs both inside and outside the optimizer gets two rows). skip: leave out the kernels up to the
+    end of the skip-th optimizer range (the first steps, e.g. one that recompiled: its autotuning runs kernels)."""
+    opt = sorted((a, a + d) for name, a, d in trace["ranges"] if name == OPT_RANGE)
+    if skip:
+        if len(opt) <= skip:
+            raise SystemExit(f"profile_compare.py: --skip-steps {skip} needs more than {skip} `{OPT_RANGE}` ranges "
+                             f"(the trace has {len(opt)})")
+        cut = opt[skip - 1][1]
+        trace = {"kernels": [k for k in trace["kernels"] if k[1] >= cut], "ranges": trace["ranges"]}
+        opt = opt[skip:]
     per_cat = dict.fromkeys(CATEGORIES, 0.0)
     per_kernel = {}
     intervals = []
@@ -90,9 +102,10 @@ def summarise(trace):
     return per_cat, per_kernel, span, len(opt)
 
 
-def table(paths, names, steps, micro):
+def table(paths, names, steps, micro, skip=0):
     out = []
-    sums = [summarise(load(p)) for p in paths]
+    sums = [summarise(load(p), skip) for p in paths]
+    steps -= skip
     out.append(f"| ms per step ({steps} profiled steps; per micro-step: / {micro}) | "
                + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
     out.append("|---" * (len(names) + 1 + (len(names) == 2)) + "|")
@@ -119,6 +132,8 @@ def main(argv=None):
     p.add_argument("--names", default="ours,record #74", help="column names, comma-separated")
     p.add_argument("--steps", type=int, default=4, help="training steps in each trace")
     p.add_argument("--micro", type=int, default=8, help="micro-steps per step (8 at world size 1)")
+    p.add_argument("--skip-steps", type=int, default=0, metavar="K",
+                   help="leave out the first K steps of each trace (ends found by the optimizer_step ranges)")
     p.add_argument("--compact", nargs=2, metavar=("TRACE", "OUT"), help="write the compact form of TRACE")
     a = p.parse_args(argv)
     if a.compact:
@@ -134,7 +149,9 @@ def main(argv=None):
     if not a.traces:
         p.exit(2, "profile_compare.py: name one or two traces (or --compact TRACE OUT)\n")
     names = a.names.split(",")[:len(a.traces)]
-    print(table(a.traces, names, a.steps, a.micro))
+    if not 0 <= a.skip_steps < a.steps:
+        p.exit(2, f"profile_compare.py: --skip-steps must be in [0, --steps) ({a.skip_steps}, {a.steps})\n")
+    print(table(a.traces, names, a.steps, a.micro, a.skip_steps))
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ KERNELS = [
     ("_ce_fwd_kernel", 250, 30, "cross entropy"),
     ("fused_softcapped_entropy_bwd_kernel", 280, 20, "cross entropy"),
     ("triton_poi_fused_add_mul_rms_norm_0", 300, 10, "elementwise/norms"),
+    ("triton_red_fused__scaled_mm__to_copy_add_4", 305, 5, "elementwise/norms"),  # inductor names its fused ops
     ("triton_poi_fused_embedding_1", 50, 30, "elementwise/norms"),  # another stream, under the matmul: not idle
     ("Memcpy DtoD (Device -> Device)", 310, 5, "copies"),
+    ("triton_tem_fused_mm_5", 312, 3, "matmul"),
     ("_transpose_kernel", 315, 5, "copies"),
     # 20 us of nothing: idle
     ("triton_per_fused_mul_sum_3", 340, 30, "optimizer"),       # inside the optimizer_step range
@@ -76,8 +78,8 @@ def test_table_divides_by_steps_and_micro_steps(tmp_path, capsys):
     b = write(tmp_path / "b.json", b)
     pc.main([str(a), str(b), "--steps", "2", "--micro", "4", "--names", "x,y"])
     out = capsys.readouterr().out
-    # matmul: 150 us over 2 steps = 0.075 ms/step (0.019 per micro-step); y twice that; ratio 0.5
-    assert "| matmul | 0.075 (0.019) | 0.150 (0.038) | 0.50 |" in out
+    # matmul: 153 us over 2 steps = 0.0765 ms/step (0.019 per micro-step); y twice that; ratio 0.5
+    assert "| matmul | 0.077 (0.019) | 0.153 (0.038) | 0.50 |" in out
     assert "| idle | 0.020 (0.005) | 0.040 (0.010) | 0.50 |" in out
     assert "| optimizer | 0.030 (0.007) | 0.060 (0.015) | 0.50 |" in out
     assert out.count("the 15 kernels with the most time") == 2
@@ -106,3 +108,19 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
 def test_a_trace_without_gpu_kernels_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no GPU kernels"):
         pc.summarise(pc.load(write(tmp_path / "cpu.json", {"traceEvents": []})))
+
+
+def test_skip_steps_leaves_out_the_first_steps(tmp_path, capsys):
+    """Two optimizer ranges end two steps; --skip-steps 1 keeps only what starts after the first one ends."""
+    t = trace()
+    t["traceEvents"].append({"ph": "X", "cat": "gpu_user_annotation", "name": "optimizer_step", "ts": 395, "dur": 30})
+    per_cat, _, span, ranges = pc.summarise(pc.load(write(tmp_path / "t.json", t)), skip=1)
+    assert ranges == 1
+    assert span == pytest.approx(0.020)                  # ba_plus_cAA_kernel alone: 400..420
+    assert per_cat["optimizer"] == pytest.approx(0.020)
+    assert sum(per_cat.values()) == pytest.approx(0.020)
+    with pytest.raises(SystemExit, match="needs more than 2"):
+        pc.summarise(pc.load(tmp_path / "t.json"), skip=2)
+    with pytest.raises(SystemExit) as e:
+        pc.main([str(tmp_path / "t.json"), "--steps", "2", "--skip-steps", "2"])
+    assert e.value.code == 2
