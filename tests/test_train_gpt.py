@@ -174,9 +174,9 @@ def gpu_runs(shared_build):
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
     through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
     and the untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
-    compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints at steps 20 and 40;
-    then, side by side, run "b" (the same command again) and run "resumed" (--resume a's step-20 checkpoint, steps
-    21 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
+    compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
+    (16) steps and at step 40; then, side by side, run "b" (the same command again) and run "resumed" (--resume a's
+    step-16 checkpoint, steps 17 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
     session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns
     {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
