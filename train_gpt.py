@@ -1757,7 +1757,7 @@ class Trainer:
 
 def warmup(trainer, log=None):
     """Untimed: one training step of every distinct micro-batch shape (the first stage's two steps: without and
-    with the slow Adam groups), the untie and an untied step, one validation micro-batch and (with
+    with the slow Adam groups), the untie and an untied slow step, one validation micro-batch and (with
     --hellaswag-every) one HellaSwag pack, so that compilation, the first launch of every Triton kernel and
     autotuning happen here; then a full state reset. Returns [(phase, seconds)]: the wall time of each phase
     (compiling, then running once), also logged as each ends (``compile_phase:`` lines: a long compile shows
@@ -1784,10 +1784,11 @@ def warmup(trainer, log=None):
         steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
         for t in steps:  # the first stage also steps once with and once without the slow Adam groups
             timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
-    if trainer.opt.tied:
-        last = stage_bounds(hp)[-1][0]
+    if trainer.opt.tied:  # a slow step: the untied Adam update (the embedding its own tensor) runs once too
+        last = next(s for s in range(stage_bounds(hp)[-1][0], hp.total_steps) if slow_adam_step(hp, s))
         trainer.loader.rewind(last)
-        timed("untie + untied step", lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
+        timed(f"untie + untied step {last}",
+              lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
     timed(f"validation T={hp.val_micro_tokens}",
           lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches

@@ -31,9 +31,10 @@ Multi-tensor launch: the launcher packs, per tensor, the addresses of (param, gr
 master) into an int64 table that the kernel casts back to typed pointers, and a chunk table of (tensor index,
 first element), one row per BLOCK elements; program ``i`` updates chunk ``i``. Full chunks take an unmasked,
 vectorizable path; only each tensor's last chunk is masked. Tables are cached (keyed by all addresses, sizes
-and BLOCK) and rebuilt with one host->device copy when they change. Hyperparameters are kernel scalars when
-every tensor of the launch shares them, otherwise a per-tensor fp32 table sent with one host->device copy per
-step. No host synchronization.
+and BLOCK) and rebuilt with one host->device copy when they change; every table starts on a 16-byte boundary
+whatever the number of tensors, so that number never selects another compiled kernel. Hyperparameters are
+kernel scalars when every tensor of the launch shares them, otherwise a per-tensor fp32 table sent with one
+host->device copy per step. No host synchronization.
 
 Shapes and dtypes: any shapes (treated as flat, contiguous); params fp32 / bf16 / fp16; grads any of those
 (the trainer may hand fp32 grads of bf16 params); exp_avg, exp_avg_sq and master fp32.
@@ -268,11 +269,18 @@ def _plan(params, grads, exp_avgs, exp_avg_sqs, masters, block):
     first_chunk = torch.cumsum(counts, 0) - counts
     starts = (torch.arange(n_chunks, dtype=torch.int64) - first_chunk[tensor_idx]) * block
     chunks = torch.stack([tensor_idx, starts], dim=1).reshape(-1)
-    host = torch.cat([torch.tensor(addrs + numels, dtype=torch.int64), chunks])
+    # Each table starts on a 16-byte boundary (its rows padded to an even count): Triton specializes a pointer
+    # argument on its 16-byte alignment, so with views at multiples of n_t * 8 bytes an odd tensor count would give
+    # another compiled kernel (the trainer's first step after the untie, 3 -> 4 bf16 tensors, compiled one
+    # inside the timed run).
+    stride = n_t + n_t % 2
+    cols = torch.zeros((6, stride), dtype=torch.int64)
+    cols[:, :n_t] = torch.tensor(addrs + numels, dtype=torch.int64).view(6, n_t)
+    host = torch.cat([cols.reshape(-1), chunks])
     dev = host.to(params[0].device, non_blocking=True)  # the one host->device copy of a (re)build
     names = ("p", "g", "m", "v", "w", "numel")
-    tables = {name: dev[i * n_t:(i + 1) * n_t] for i, name in enumerate(names)}
-    tables["chunks"] = dev[len(names) * n_t:]
+    tables = {name: dev[i * stride:i * stride + n_t] for i, name in enumerate(names)}
+    tables["chunks"] = dev[len(names) * stride:]
     aligned = all(a % 16 == 0 for a in addrs)
     plan = (tables, n_chunks, aligned)
     _PLAN_CACHE[key] = plan
