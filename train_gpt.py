@@ -218,7 +218,9 @@ class Hyperparameters:
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
-    embed_grad_to_acc: bool = False  # embedding backward adds the touched rows straight into the optimizer's fp32 accumulators (off: dense gradient + add; CUDA only, bitwise the same; opt-in until timed on a GPU)
+    # embed_grad_to_acc: CUDA only (the CPU's torch lookup has no such mode); bitwise the same training either way;
+    # off until timed on a GPU (benchmarks/embedding.py has the cases)
+    embed_grad_to_acc: bool = False  # embedding backward adds the touched rows straight into the optimizer's fp32 accumulators (off: dense gradient + add)
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)

@@ -507,8 +507,8 @@ def embedding_backward_accumulate(grad_out, ids, acc, *, prep=None, config=None)
     path's acc + 0.0 leaves every value but -0.0 unchanged: see the module docstring). grad_out, ids, prep,
     config: as in embedding_backward (V = acc.shape[0])."""
     if not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.dim() != 2:
-        raise TypeError(f"acc must be a 2-D float32 tensor (num_embeddings, C), got "
-                        f"{f'{acc.dtype} {tuple(acc.shape)}' if isinstance(acc, torch.Tensor) else type(acc).__name__}")
+        got = f"{acc.dtype} {tuple(acc.shape)}" if isinstance(acc, torch.Tensor) else type(acc).__name__
+        raise TypeError(f"acc must be a 2-D float32 tensor (num_embeddings, C), got {got}")
     V = acc.shape[0]
     device, N, C = _check_grad_ids(grad_out, ids, V)
     _check_acc(acc, C, device)
@@ -608,8 +608,8 @@ def embedding(ids, weight, prep=None, acc=None):
         raise ValueError(f"ids is on {ids.device} but weight is on {weight.device}")
     if acc is not None:
         if not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.shape != weight.shape:
-            raise ValueError(f"acc must be a float32 tensor of weight's shape {tuple(weight.shape)}, got "
-                             f"{f'{acc.dtype} {tuple(acc.shape)}' if isinstance(acc, torch.Tensor) else type(acc).__name__}")
+            got = f"{acc.dtype} {tuple(acc.shape)}" if isinstance(acc, torch.Tensor) else type(acc).__name__
+            raise ValueError(f"acc must be a float32 tensor of weight's shape {tuple(weight.shape)}, got {got}")
         _check_acc(acc, weight.shape[1], weight.device)
     if prep is None:
         return _embedding_fwd_op(ids, weight, None, None, None, acc)
