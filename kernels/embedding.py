@@ -14,8 +14,9 @@ with the same fp32 sum and the same one rounding (to the gradient's dtype) as dW
 ``acc.add_(embedding_backward(...))``. An untouched row there gets acc + 0.0, which equals acc for every value
 but -0.0 (-0.0 + 0.0 = +0.0 under round to nearest), and for NaN up to the payload. An optimizer accumulator
 never holds -0.0: it starts at +0.0 (zeros), and a sum x + y rounded to nearest is -0.0 only when x and y are
-both -0.0, so adding anything (a rounded sum may itself be -0.0: a tiny negative sum rounds to bf16's -0.0) to
-a value that is not -0.0 never makes one. The mode saves the dense (V, C) gradient, its write and read, and the
+both -0.0, so adding anything to a value that is not -0.0 never makes one. (Nor is a rounded segment sum ever
+-0.0: it starts from +0.0, and its terms are values of the dtype it is rounded to, so a nonzero sum is at least
+that dtype's smallest subnormal in magnitude and does not round to zero.) The mode saves the dense (V, C) gradient, its write and read, and the
 read and write of every untouched accumulator row (see Traffic).
 
 The speedrun calls this for the token embedding and the value embeddings
