@@ -16,8 +16,8 @@ but -0.0 (-0.0 + 0.0 = +0.0 under round to nearest), and for NaN up to the paylo
 never holds -0.0: it starts at +0.0 (zeros), and a sum x + y rounded to nearest is -0.0 only when x and y are
 both -0.0, so adding anything to a value that is not -0.0 never makes one. (Nor is a rounded segment sum ever
 -0.0: it starts from +0.0, and its terms are values of the dtype it is rounded to, so a nonzero sum is at least
-that dtype's smallest subnormal in magnitude and does not round to zero.) The mode saves the dense (V, C) gradient, its write and read, and the
-read and write of every untouched accumulator row (see Traffic).
+that dtype's smallest subnormal in magnitude and does not round to zero.) The mode saves the dense (V, C)
+gradient, its write and read, and the read and write of every untouched accumulator row (see Traffic).
 
 The speedrun calls this for the token embedding and the value embeddings
 (N = 16384 / 32768 / 49152 tokens per micro-step, C = 768, V = 50304), all indexed by the same ids, so one
