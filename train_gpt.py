@@ -85,10 +85,14 @@ Optimizer (not compiled; our Triton kernels do the work): gradients of every mic
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
 backward as soon as its gradient is complete: the compiled region's parameters together when its backward
-ends, the embedding tables after their own backward kernels; the others in the optimizer step), then per
-shard: Muon for the two banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(
-normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on
-an fp32 master, bf16 cast) and fused AdamW with fp32 masters and cautious weight decay
+ends, the embedding tables after their own backward kernels; the others in the optimizer step). With
+--embed-grad-to-acc (CUDA; off by default, opt-in until timed on a GPU) the embedding backward kernels add the
+rows the batch touches straight into the three tables' accumulators (kernels.embedding's accumulate mode: the
+same bits as the dense gradient's fold, without writing, reading and adding ~425M mostly-zero elements per
+micro-step), and the tables' reduce-scatters start in the optimizer step. Then per shard: Muon for the two
+banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
+kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master, bf16
+cast) and fused AdamW with fp32 masters and cautious weight decay
 (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
 all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are reduced and updated
 only every `adam_every` steps, on the gradients summed since their last update. While tied,
@@ -214,6 +218,9 @@ class Hyperparameters:
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
+    # embed_grad_to_acc: CUDA only (the CPU's torch lookup has no such mode); bitwise the same training either way;
+    # off until timed on a GPU (benchmarks/embedding.py has the cases)
+    embed_grad_to_acc: bool = False  # embedding backward adds the touched rows straight into the optimizer's fp32 accumulators (off: dense gradient + add)
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
@@ -925,26 +932,33 @@ def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
     return cache[key]
 
 
-def cpu_embedding(ids, weight, prep=None):
+def cpu_embedding(ids, weight, prep=None, acc=None):
     """weight[ids] through torch's own embedding (the CPU path: its backward is a plain index_add, the math of
-    kernels.embedding without the Triton interpreter's cost at GPT-2's 50304 rows)."""
+    kernels.embedding without the Triton interpreter's cost at GPT-2's 50304 rows). It has no accumulate mode:
+    acc must be None (build_fns leaves ModelFns.embed_accs off on the CPU)."""
+    if acc is not None:
+        raise ValueError("cpu_embedding has no accumulate mode (acc): that is kernels.embedding.embedding's")
     return F.embedding(ids, weight)
 
 
-def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None):
+def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None, accs=None):
     """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None).
 
     Eager, outside the compiled region: the lookups are gathers, and their deterministic backward kernels (one
-    per table) run after the compiled backward. lookup: kernels.embedding.embedding (CUDA) or cpu_embedding."""
-    e = lookup(ids, params["embed"], prep=prep)
+    per table) run after the compiled backward. lookup: kernels.embedding.embedding (CUDA) or cpu_embedding.
+    accs: training with ModelFns.embed_accs only, Optimizer.embedding_accs(): each lookup's backward adds its
+    table's gradient into these fp32 accumulators instead of giving the table a (dense) gradient."""
+    accs = accs or {}
+    e = lookup(ids, params["embed"], prep=prep, acc=accs.get("embed"))
     ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
-    # unbind (not indexing): its backward writes the tables' gradients with one stack
-    ves = [lookup(ids, w, prep=prep) for w in ve_w.unbind(0)]
+    # unbind (not indexing): its backward writes the tables' gradients with one stack (none with accs)
+    ve_accs = accs.get("value_embeds", [None] * hp.num_ve)
+    ves = [lookup(ids, w, prep=prep, acc=a) for w, a in zip(ve_w.unbind(0), ve_accs, strict=True)]
     big = None
     if hp.bigram:
         if bigram is None:
             bigram = bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
-        big = lookup(bigram, params["bigram_embed"], prep=bigram_prep)
+        big = lookup(bigram, params["bigram_embed"], prep=bigram_prep, acc=accs.get("bigram_embed"))
     return e, ves, big
 
 
@@ -1028,6 +1042,7 @@ class ModelFns:
     train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights) -> training loss
     val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
+    embed_accs: bool = False  # training lookups add into the optimizer's accumulators (hp.embed_grad_to_acc, CUDA)
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
@@ -1065,7 +1080,9 @@ def build_fns(hp, device, compile_model, attention="auto"):
     if compile_model:
         steps = [torch.compile(f, fullgraph=True, dynamic=False) for f in steps]
     lookup = embedding if device.type == "cuda" else cpu_embedding
-    return ModelFns(lookup, layers, loss, *steps, head_path=head_path)
+    # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
+    embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
+    return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs)
 
 
 def region_cu(hp, ids, cu):
@@ -1094,23 +1111,24 @@ class ModelInputs(NamedTuple):
     tables: AttnTables
 
 
-def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None):
+def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, accs=None):
     """The model's one entry: the ModelInputs of the micro-batch ``batch`` at windows (short, long) in blocks
     (the region's parameters, the eager embedding lookups, the document boundaries, the attention tables),
     for training, validation, evaluation and sampling alike. What the loader did not prepare (batch.prep,
-    bigram, cu_seqlens None) is made here from the ids. yarn_long: see attn_tables."""
+    bigram, cu_seqlens None) is made here from the ids. yarn_long: see attn_tables. accs: see embed_inputs
+    (the training step's, with fns.embed_accs; every other caller passes none)."""
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
-    e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep)
+    e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
     cu = region_cu(hp, ids, batch.cu_seqlens)
     return ModelInputs(model_params(params), e, ves, big, ids, cu, tables)
 
 
-def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None):
+def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None):
     """Loss of one micro-batch (a 0-d fp32 tensor). train: the training loss (train_step: the mean over rows of
     the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen), or
-    the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables."""
-    x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long)
+    the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
+    x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
         return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp)
     return fns.val_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables)
@@ -1205,7 +1223,11 @@ class Optimizer:
     Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
     accumulator), before_last_backward(slow) ahead of the last one (due reduce-scatters then start during it),
     then step(). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives the
-    embedding its own state; state_dict / load_state_dict hold this rank's shards."""
+    embedding its own state; state_dict / load_state_dict hold this rank's shards.
+    With hp.embed_grad_to_acc (CUDA) the embedding lookups are given embedding_accs(): their backward adds
+    straight into these groups' accumulators (bitwise what the hooks' fold of the dense gradient gives) and leaves
+    their .grad None, so their hooks find nothing; step() starts their reduce-scatters (and while tied the head's,
+    after folding the embedding's accumulator into it), as for any group the backward did not start."""
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
@@ -1231,6 +1253,16 @@ class Optimizer:
         for g in self.groups.values():
             self._fold(g)
 
+    def embedding_accs(self):
+        """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
+        embed (V, C), value_embeds one (V, C) per table (rows of the stacked buffer), bigram_embed (rows, C); the
+        padding rows are left out. Views, taken afresh each micro-step: the accumulators change only in place."""
+        hp, g = self.hp, self.groups
+        ve = g["value_embeds"]
+        return {"embed": g["embed"].acc[:g["embed"].rows],
+                "value_embeds": ve.acc[:ve.rows].view(hp.num_ve, hp.vocab_size, hp.model_dim).unbind(0),
+                "bigram_embed": g["bigram_embed"].acc[:g["bigram_embed"].rows]}
+
     @staticmethod
     def _fold(g):
         """acc += grad and free the gradient; False when the parameter holds none."""
@@ -1245,7 +1277,9 @@ class Optimizer:
         """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it
         into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
         reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
-        gradients (the embedding's is added to it first, as step() would)."""
+        gradients (the embedding's is added to it first, as step() would). A table whose lookups added into its
+        accumulator (embedding_accs) has no gradient here: nothing to do, step() starts its reduce-scatter, and
+        while tied the head's (tied_final never holds "embed")."""
         if not self._fold(g):
             return
         if self.final is None or (is_slow(g.name) and not self.final):
@@ -1583,7 +1617,7 @@ class CheckpointError(ValueError):
 
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
-                     "hellaswag_limit", "profile_steps", "compile")
+                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc")
 
 
 def barrier(d):
@@ -1730,7 +1764,10 @@ class Trainer:
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
                 self.opt.before_last_backward(slow)
-            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step])
+            # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
+            accs = self.opt.embedding_accs() if self.fns.embed_accs else None
+            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
+                           accs=accs)
             loss = loss / SLOTS
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:

@@ -3,7 +3,8 @@
 - ``kernels.transpose``: ``transpose_copy`` / ``transpose_add`` (tied embedding <-> transposed LM head).
 - ``kernels.polar_express``: Gram products and Polar Express orthogonalization (Muon).
 - ``kernels.momentum``: fused Nesterov momentum + Frobenius normalization feeding Polar Express.
-- ``kernels.embedding``: deterministic embedding backward and an autograd-aware lookup.
+- ``kernels.embedding``: deterministic embedding backward (a dense gradient, or added into an fp32 accumulator)
+  and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
 - ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the

@@ -4,7 +4,22 @@ Math. For ids of any shape holding N positions and a gradient ``grad_out`` of sh
 
     dW[v, :] = sum of grad_out[p, :] over the positions p with ids[p] == v        dW: (V, C)
 
-Rows no id touches are zero. The speedrun calls this for the token embedding and the value embeddings
+Rows no id touches are zero.
+
+Accumulate mode (``embedding_backward_accumulate``): for an fp32 accumulator acc (V, C), any row stride,
+
+    acc[v, :] = acc[v, :] + float(round(dW[v, :]))        for every id v in ids; other rows not written
+
+with the same fp32 sum and the same one rounding (to the gradient's dtype) as dW, so acc ends bitwise equal to
+``acc.add_(embedding_backward(...))``. An untouched row there gets acc + 0.0, which equals acc for every value
+but -0.0 (-0.0 + 0.0 = +0.0 under round to nearest), and for NaN up to the payload. An optimizer accumulator
+never holds -0.0: it starts at +0.0 (zeros), and a sum x + y rounded to nearest is -0.0 only when x and y are
+both -0.0, so adding anything to a value that is not -0.0 never makes one. (Nor is a rounded segment sum ever
+-0.0: it starts from +0.0, and its terms are values of the dtype it is rounded to, so a nonzero sum is at least
+that dtype's smallest subnormal in magnitude and does not round to zero.) The mode saves the dense (V, C)
+gradient, its write and read, and the read and write of every untouched accumulator row (see Traffic).
+
+The speedrun calls this for the token embedding and the value embeddings
 (N = 16384 / 32768 / 49152 tokens per micro-step, C = 768, V = 50304), all indexed by the same ids, so one
 :class:`EmbeddingPrep` serves them, and for the bigram table (indexed by the tokens' bigram hashes, with a
 prep of its own; V = its rows).
@@ -26,27 +41,39 @@ Kernels (no host synchronisation when a prep is given: every grid depends only o
      The first programs compute the piece partials of long segments (item 2*t + side: side 0 = the segment
      holding tile t's first position, side 1 = the one holding its last, when it starts inside the tile) into
      an fp32 scratch (2*T, C). The other programs own ROWS output rows x BLOCK_C channels: they sum every short
-     segment, round and write it, and write zeros for untouched rows, so zeroing is fused. Every program works
+     segment, round and write it (accumulate mode: read, add, write), and write zeros for untouched rows, so
+     zeroing is fused (accumulate mode: untouched rows are not written at all). Every program works
      on ROWS segments at once, each with its own sequential loop, UNROLL steps per iteration so that UNROLL
      gathers are in flight; no program walks more than PIECE positions, so a skewed id cannot serialise it.
   2. ``_embedding_bwd_combine_kernel``, grid (ceil(T/ROWS), ceil(C/BLOCK_C)): for each long segment (found as
      the one holding the last position of the tile where it starts) add its partials in tile order, round and
-     write the row.
+     write the row (accumulate mode: read, add, write).
+  The modes are one constexpr flag (ACCUMULATE) of the same two kernels. Each output row has one owner, so
+  the read-add-write needs no atomics: the row programs write the rows of short segments (at most PIECE
+  positions) and skip long ones; the combine kernel writes each long segment once (one lane per segment: the
+  tile where it starts), after the first kernel.
 Traffic for N=49152, C=768, V=50304, bf16: read 75.5 MB of gradient, write 77.3 MB of weight gradient,
-plus 0.4 MB of prep tables: ~36 us at the H200's 4.3 TB/s.
+plus 0.4 MB of prep tables: ~36 us at the H200's 4.3 TB/s. Adding that gradient into an fp32 accumulator
+(``acc.add_``) moves 77.3 MB + 2 x 154.5 MB more: 539 MB in all, ~125 us. The accumulate mode reads the
+gradient and reads and writes the U touched rows of acc (8 bytes per element): U = 31307 for uniform ids (268
+MB, ~62 us), 12613 for Zipf ids (153 MB, ~36 us). For the bigram table (V = 251520) dense + add is 2.4 GB,
+accumulate at most 0.38 GB (every id distinct).
 
 Dtypes: grad_out bf16 / fp16 / fp32; the output has grad_out's dtype (the weight's, under autograd); all sums
-in fp32. ids int32 or int64.
+in fp32; the accumulate mode's acc is fp32 and its sums are rounded to grad_out's dtype. ids int32 or int64.
 
 Preparation (``prepare_ids``): a stable sort of the ids plus CSR row offsets. On the CPU (the data loader's
 background thread) it is free of GPU synchronisation; ``.pin_memory()`` and ``.to(device, non_blocking=True)``
 ship it with the batch. Without a prep, ``embedding_backward`` prepares on the ids' device: torch.sort, and a
 host synchronisation to validate the id range (``.item()``).
 
-Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding_fwd`` and
-``speedrun::embedding_bwd``, traceable by ``torch.compile(fullgraph=True)``): on the GPU the lookups run
-eagerly before the compiled region, and their backward after its backward (on the CPU the trainer uses torch's
-own embedding). The forward is a plain gather.
+Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding_fwd``,
+``speedrun::embedding_bwd`` and ``speedrun::embedding_bwd_accumulate``, traceable by
+``torch.compile(fullgraph=True)``): on the GPU the lookups run eagerly before the compiled region, and their
+backward after its backward (on the CPU the trainer uses torch's own embedding). The forward is a plain gather.
+``embedding(ids, weight, prep, acc=acc)`` selects the accumulate mode: the backward adds into acc and gives the
+weight no gradient. train_gpt.py passes the optimizer's accumulators with --embed-grad-to-acc, off by default:
+opt-in until it is measured on a GPU (the interpreter tests show the bits, not the time).
 """
 import os
 from typing import NamedTuple, Optional
@@ -84,6 +111,7 @@ TUNING_CANDIDATES = [
 
 _ID_DTYPES = (torch.int32, torch.int64)
 _GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -205,6 +233,18 @@ def embedding_backward_ordered_ref(grad_out, ids, num_embeddings):
     return out
 
 
+def embedding_backward_accumulate_ref(grad_out, ids, acc):
+    """The accumulate mode's result, bit for bit, as a new fp32 tensor on the CPU (acc is left alone): every
+    touched row v is acc[v] + float(round(s[v])), s the ordered fp32 sum above and round to grad_out's dtype
+    (nearest even); untouched rows are acc's, whatever they hold."""
+    V = acc.shape[0]
+    s = embedding_backward_ordered_ref(grad_out, ids, V)
+    out = acc.detach().to("cpu", copy=True)
+    touched = torch.bincount(ids.reshape(-1).to("cpu", torch.int64), minlength=V) > 0
+    out[touched] = out[touched] + s[touched].to(grad_out.dtype).float()
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ---------------------------------------------------------------------------------------------------------
@@ -235,15 +275,9 @@ def _sequential_sums(
 
 
 @triton.jit
-def _store_rows(
-    # output rows (V, C) and the rows/channels of this block
-    out_ptr, stride_on, rows, cols, mask,
-    # fp32 sums to write
-    acc,
-):
-    """out = round(acc) to nearest even: one rounding."""
-    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + cols[None, :]
-    if out_ptr.dtype.element_ty == tl.bfloat16:
+def _round(acc, DTYPE: tl.constexpr):
+    """acc (fp32) rounded to DTYPE to nearest even: the one rounding of a sum."""
+    if DTYPE == tl.bfloat16:
         # Rounding in integer arithmetic: add 0x7FFF plus the last kept bit below bf16's last mantissa bit,
         # then truncate the low 16 bits (round to nearest even). Done by hand rather than by .to(tl.bfloat16)
         # so that the Triton interpreter (which truncates) gives the GPU's bits; overflow carries into inf.
@@ -252,8 +286,28 @@ def _store_rows(
         rounded = ((bits + inc) & 0xFFFF0000).to(tl.float32, bitcast=True)
         val = tl.where(acc != acc, acc, rounded).to(tl.bfloat16)   # NaN payloads could carry into inf
     else:
-        val = acc.to(out_ptr.dtype.element_ty)
-    tl.store(ptrs, val, mask=mask)
+        val = acc.to(DTYPE)
+    return val
+
+
+@triton.jit
+def _store_rows(
+    # output rows (V, C) and the rows/channels of this block
+    out_ptr, stride_on, rows, cols, mask,
+    # fp32 sums to write
+    acc,
+    # the weight's dtype (the rounding); accumulate mode: out is fp32 and the rounded sums are added to it
+    DTYPE: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    """Dense: out = round(acc) (out has dtype DTYPE). Accumulate: out += float(round(acc)) in fp32, the very
+    rounding and then the fp32 add that ``out.add_(dense output)`` does. One program owns each (row, channel)."""
+    ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_on + cols[None, :]
+    val = _round(acc, DTYPE)
+    if ACCUMULATE:
+        old = tl.load(ptrs, mask=mask, other=0.0)
+        tl.store(ptrs, old + val.to(tl.float32), mask=mask)
+    else:
+        tl.store(ptrs, val, mask=mask)
 
 
 @triton.jit
@@ -267,6 +321,8 @@ def _embedding_bwd_kernel(
     # sizes; programs [0, num_piece_blocks) compute piece partials, the rest own output rows
     N, V, C, num_piece_blocks,
     PIECE: tl.constexpr,
+    # the weight's dtype (the rounding); accumulate mode: out is the fp32 accumulator, untouched rows unwritten
+    DTYPE: tl.constexpr, ACCUMULATE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -292,7 +348,8 @@ def _embedding_bwd_kernel(
         ptrs = partial_ptr + item.to(tl.int64)[:, None] * C + cols[None, :]
         tl.store(ptrs, acc, mask=active[:, None] & cmask[None, :])
     else:
-        # Output rows: short segments summed and written, untouched rows zeroed, long ones left to combine.
+        # Output rows: short segments summed and written, long ones left to combine; untouched rows zeroed
+        # (dense) or left alone (accumulate: acc + 0.0 would be acc, see the module docstring).
         rows = (pid - num_piece_blocks) * ROWS + tl.arange(0, ROWS)
         rmask = rows < V
         lo = tl.load(row_ptr_ptr + rows, mask=rmask, other=0)
@@ -300,7 +357,8 @@ def _embedding_bwd_kernel(
         short = rmask & (cnt <= PIECE)
         acc = _sequential_sums(grad_ptr, stride_gn, stride_gc, order_ptr, lo, cnt, short, cols, cmask,
                                ROWS, BLOCK_C, UNROLL)
-        _store_rows(out_ptr, stride_on, rows, cols, short[:, None] & cmask[None, :], acc)
+        write = (short & (cnt > 0)) if ACCUMULATE else short
+        _store_rows(out_ptr, stride_on, rows, cols, write[:, None] & cmask[None, :], acc, DTYPE, ACCUMULATE)
 
 
 @triton.jit
@@ -314,6 +372,8 @@ def _embedding_bwd_combine_kernel(
     # sizes
     N, C,
     PIECE: tl.constexpr,
+    # the weight's dtype (the rounding); accumulate mode: out is the fp32 accumulator
+    DTYPE: tl.constexpr, ACCUMULATE: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_C: tl.constexpr, UNROLL: tl.constexpr,
 ):
     # One lane per tile t: it owns the long segment that holds t's last position if the segment starts in t.
@@ -339,7 +399,7 @@ def _embedding_bwd_combine_kernel(
             part = tl.load(partial_ptr + item.to(tl.int64)[:, None] * C + cols[None, :],
                            mask=take[:, None] & cmask[None, :], other=0.0)
             acc = tl.where(take[:, None], acc + part, acc)
-    _store_rows(out_ptr, stride_on, v, cols, active[:, None] & cmask[None, :], acc)
+    _store_rows(out_ptr, stride_on, v, cols, active[:, None] & cmask[None, :], acc, DTYPE, ACCUMULATE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -358,15 +418,8 @@ def _check_config(config):
     return cfg
 
 
-def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None):
-    """Weight gradient (num_embeddings, C) of an embedding lookup, deterministic (see the module docstring).
-
-    grad_out: (*ids.shape, C) bf16/fp16/fp32. ids: int32/int64 on grad_out's device. Returns a new (V, C)
-    tensor of grad_out's dtype.
-    prep: ``prepare_ids(ids, V)`` on grad_out's device; without it the ids are prepared here (host sync).
-    config: benchmark and tests only.
-    With a prep, the values of ids are not read (the prep holds them, validated by prepare_ids); only their
-    shape, dtype and device are checked, and N and num_embeddings against the prep's."""
+def _check_grad_ids(grad_out, ids, num_embeddings):
+    """Checks shared by both modes; returns (device, N, C)."""
     _check_ids_dtype(ids)
     _check_num_embeddings(num_embeddings)
     if not isinstance(grad_out, torch.Tensor):
@@ -379,8 +432,59 @@ def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None)
     device = grad_out.device
     if ids.device != device:
         raise ValueError(f"ids is on {ids.device} but grad_out is on {device}")
-    C = grad_out.shape[-1]
-    N = ids.numel()
+    return device, ids.numel(), grad_out.shape[-1]
+
+
+def _check_acc(acc, C, device):
+    if acc.shape[1] != C:
+        raise ValueError(f"acc must have C = {C} columns (grad_out's last dimension), got {tuple(acc.shape)}")
+    if acc.device != device:
+        raise ValueError(f"acc is on {acc.device} but grad_out is on {device}")
+    # channels contiguous (the kernels' unit channel stride) and rows that do not overlap: each element of acc
+    # is one (row, channel), written by one program only
+    if acc.numel() and ((C > 1 and acc.stride(1) != 1) or (acc.shape[0] > 1 and acc.stride(0) < C)):
+        raise ValueError(f"acc must have unit channel stride and non-overlapping rows, got strides {acc.stride()}")
+
+
+def _launch(g2, prep, out, accumulate, cfg):
+    """Both kernels on (N, C) gradient rows g2 (N, C > 0), rounding to g2's dtype; out: (V, C), see the modes."""
+    N, C = g2.shape
+    V = out.shape[0]
+    T = triton.cdiv(N, PIECE)
+    rows, block_c, unroll, warps = cfg["ROWS"], cfg["BLOCK_C"], cfg["UNROLL"], cfg["num_warps"]
+    dtype = _TL_DTYPES[g2.dtype]
+    partials = torch.empty((max(2 * T, 1), C), dtype=torch.float32, device=g2.device)
+    num_piece_blocks = triton.cdiv(2 * T, rows)
+    grid = (num_piece_blocks + triton.cdiv(V, rows), triton.cdiv(C, block_c))
+    _embedding_bwd_kernel[grid](
+        g2, g2.stride(0), g2.stride(1),
+        prep.order, prep.sorted_ids, prep.row_ptr,
+        out, out.stride(0), partials,
+        N, V, C, num_piece_blocks,
+        PIECE=PIECE,
+        DTYPE=dtype, ACCUMULATE=accumulate,
+        ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
+    # The combine kernel runs after the first (same stream): it reads the partials, and it alone writes the
+    # rows of long segments, which the first kernel's row programs skip (cnt > PIECE).
+    _embedding_bwd_combine_kernel[(triton.cdiv(T, rows), triton.cdiv(C, block_c))](
+        partials, prep.sorted_ids, prep.row_ptr,
+        out, out.stride(0),
+        N, C,
+        PIECE=PIECE,
+        DTYPE=dtype, ACCUMULATE=accumulate,
+        ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
+
+
+def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None):
+    """Weight gradient (num_embeddings, C) of an embedding lookup, deterministic (see the module docstring).
+
+    grad_out: (*ids.shape, C) bf16/fp16/fp32. ids: int32/int64 on grad_out's device. Returns a new (V, C)
+    tensor of grad_out's dtype.
+    prep: ``prepare_ids(ids, V)`` on grad_out's device; without it the ids are prepared here (host sync).
+    config: benchmark and tests only.
+    With a prep, the values of ids are not read (the prep holds them, validated by prepare_ids); only their
+    shape, dtype and device are checked, and N and num_embeddings against the prep's."""
+    device, N, C = _check_grad_ids(grad_out, ids, num_embeddings)
     V = num_embeddings
     if prep is None:
         prep = prepare_ids(ids, V)
@@ -391,28 +495,32 @@ def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None)
     if C == 0 or N == 0:
         # Nothing to sum; also keeps empty (null-pointer) prep and gradient tensors away from the launcher.
         return out.zero_()
-
-    g2 = grad_out.reshape(N, C)               # a view when possible; strides passed to the kernel
-    T = triton.cdiv(N, PIECE)
-    rows, block_c, unroll, warps = cfg["ROWS"], cfg["BLOCK_C"], cfg["UNROLL"], cfg["num_warps"]
-    partials = torch.empty((max(2 * T, 1), C), dtype=torch.float32, device=device)
-    num_piece_blocks = triton.cdiv(2 * T, rows)
-    grid = (num_piece_blocks + triton.cdiv(V, rows), triton.cdiv(C, block_c))
-    _embedding_bwd_kernel[grid](
-        g2, g2.stride(0), g2.stride(1),
-        prep.order, prep.sorted_ids, prep.row_ptr,
-        out, out.stride(0), partials,
-        N, V, C, num_piece_blocks,
-        PIECE=PIECE,
-        ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
-    if T:
-        _embedding_bwd_combine_kernel[(triton.cdiv(T, rows), triton.cdiv(C, block_c))](
-            partials, prep.sorted_ids, prep.row_ptr,
-            out, out.stride(0),
-            N, C,
-            PIECE=PIECE,
-            ROWS=rows, BLOCK_C=block_c, UNROLL=unroll, num_warps=warps)
+    _launch(grad_out.reshape(N, C), prep, out, False, cfg)   # reshape: a view when possible (strides passed)
     return out
+
+
+def embedding_backward_accumulate(grad_out, ids, acc, *, prep=None, config=None):
+    """acc += embedding_backward(grad_out, ids, acc.shape[0]) bit for bit, without the dense gradient.
+
+    acc: fp32 (V, C), modified in place and returned; any row stride (a view into a padded or stacked buffer),
+    unit channel stride. For every id v in ids, acc[v] = acc[v] + float(round(sum)), with the same fp32 sum
+    and rounding (to grad_out's dtype) as embedding_backward; rows no id touches are not written (the dense
+    path's acc + 0.0 leaves every value but -0.0 unchanged: see the module docstring). grad_out, ids, prep,
+    config: as in embedding_backward (V = acc.shape[0])."""
+    if not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.dim() != 2:
+        got = f"{acc.dtype} {tuple(acc.shape)}" if isinstance(acc, torch.Tensor) else type(acc).__name__
+        raise TypeError(f"acc must be a 2-D float32 tensor (num_embeddings, C), got {got}")
+    V = acc.shape[0]
+    device, N, C = _check_grad_ids(grad_out, ids, V)
+    _check_acc(acc, C, device)
+    if prep is None:
+        prep = prepare_ids(ids, V)
+    else:
+        _check_prep(prep, V, N, device)
+    cfg = _check_config(config)
+    if C and N:
+        _launch(grad_out.reshape(N, C), prep, acc, True, cfg)
+    return acc
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -420,13 +528,14 @@ def embedding_backward(grad_out, ids, num_embeddings, *, prep=None, config=None)
 # ---------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("speedrun::embedding_fwd", mutates_args=())
 def _embedding_fwd_op(ids: torch.Tensor, weight: torch.Tensor, order: Optional[torch.Tensor],
-                      sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor]) -> torch.Tensor:
-    # The prep tensors are inputs only so that setup_context can save them for the backward.
+                      sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor],
+                      acc: Optional[torch.Tensor]) -> torch.Tensor:
+    # The prep tensors and acc are inputs only so that setup_context can keep them for the backward.
     return F.embedding(ids, weight)
 
 
 @_embedding_fwd_op.register_fake
-def _(ids, weight, order, sorted_ids, row_ptr):
+def _(ids, weight, order, sorted_ids, row_ptr, acc):
     return weight.new_empty(tuple(ids.shape) + tuple(weight.shape[1:]))
 
 
@@ -434,10 +543,8 @@ def _(ids, weight, order, sorted_ids, row_ptr):
 def _embedding_bwd_op(grad: torch.Tensor, ids: torch.Tensor, order: Optional[torch.Tensor],
                       sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor],
                       num_embeddings: int) -> torch.Tensor:
-    prep = None
-    if order is not None:
-        prep = EmbeddingPrep(order, sorted_ids, row_ptr, num_embeddings, ids.numel())
-    return embedding_backward(grad, ids, num_embeddings, prep=prep)
+    return embedding_backward(grad, ids, num_embeddings, prep=_prep_of(ids, order, sorted_ids, row_ptr,
+                                                                       num_embeddings))
 
 
 @_embedding_bwd_op.register_fake
@@ -445,34 +552,67 @@ def _(grad, ids, order, sorted_ids, row_ptr, num_embeddings):
     return grad.new_empty((num_embeddings, grad.shape[-1]))
 
 
+@torch.library.custom_op("speedrun::embedding_bwd_accumulate", mutates_args=("acc",))
+def _embedding_bwd_accumulate_op(grad: torch.Tensor, ids: torch.Tensor, order: Optional[torch.Tensor],
+                                 sorted_ids: Optional[torch.Tensor], row_ptr: Optional[torch.Tensor],
+                                 acc: torch.Tensor) -> None:
+    embedding_backward_accumulate(grad, ids, acc, prep=_prep_of(ids, order, sorted_ids, row_ptr, acc.shape[0]))
+
+
+@_embedding_bwd_accumulate_op.register_fake
+def _(grad, ids, order, sorted_ids, row_ptr, acc):
+    return None
+
+
+def _prep_of(ids, order, sorted_ids, row_ptr, num_embeddings):
+    return None if order is None else EmbeddingPrep(order, sorted_ids, row_ptr, num_embeddings, ids.numel())
+
+
 def _embedding_setup_context(ctx, inputs, output):
-    ids, weight, order, sorted_ids, row_ptr = inputs
+    ids, weight, order, sorted_ids, row_ptr, acc = inputs
     ctx.save_for_backward(ids, order, sorted_ids, row_ptr)
     ctx.num_embeddings = weight.shape[0]
+    # Kept as an attribute, not saved: saved tensors are checked against in-place changes, and the backward of
+    # one lookup changing acc (or a view of the same buffer: the value-embedding tables) would fail the check
+    # of the next one.
+    ctx.acc = acc
 
 
 def _embedding_backward_rule(ctx, grad):
     ids, order, sorted_ids, row_ptr = ctx.saved_tensors
+    if ctx.acc is not None:
+        # The gradient goes into acc; weight gets none (autograd leaves its .grad None; a post-accumulate-grad
+        # hook on it still runs, with .grad None).
+        _embedding_bwd_accumulate_op(grad, ids, order, sorted_ids, row_ptr, ctx.acc)
+        return None, None, None, None, None, None
     dweight = _embedding_bwd_op(grad, ids, order, sorted_ids, row_ptr, ctx.num_embeddings)
-    return None, dweight, None, None, None
+    return None, dweight, None, None, None, None
 
 
 torch.library.register_autograd("speedrun::embedding_fwd", _embedding_backward_rule,
                                 setup_context=_embedding_setup_context)
 
 
-def embedding(ids, weight, prep=None):
+def embedding(ids, weight, prep=None, acc=None):
     """weight[ids] (ids.shape + (C,)), whose backward is the deterministic :func:`embedding_backward`.
 
     prep: optional ``prepare_ids(ids, weight.shape[0])`` already on weight's device (no host sync in the
-    backward); without it the backward prepares the ids on the device."""
+    backward); without it the backward prepares the ids on the device.
+    acc: optional fp32 tensor of weight's shape (an optimizer's gradient accumulator, any row stride): the
+    backward adds the gradient into it (:func:`embedding_backward_accumulate`: acc ends bitwise equal to
+    acc + the dense gradient) and gives weight no gradient (weight.grad stays None)."""
     _check_ids_dtype(ids)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D (num_embeddings, C) tensor, got "
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
     if ids.device != weight.device:
         raise ValueError(f"ids is on {ids.device} but weight is on {weight.device}")
+    if acc is not None:
+        if not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32 or acc.shape != weight.shape:
+            got = f"{acc.dtype} {tuple(acc.shape)}" if isinstance(acc, torch.Tensor) else type(acc).__name__
+            raise ValueError(f"acc must be a float32 tensor of weight's shape {tuple(weight.shape)}, got {got}")
+        _check_acc(acc, weight.shape[1], weight.device)
     if prep is None:
-        return _embedding_fwd_op(ids, weight, None, None, None)
+        return _embedding_fwd_op(ids, weight, None, None, None, acc)
     _check_prep(prep, weight.shape[0], ids.numel(), weight.device)
-    return _embedding_fwd_op(ids, weight, prep.order, prep.sorted_ids, prep.row_ptr)
+    return _embedding_fwd_op(ids, weight, prep.order, prep.sorted_ids, prep.row_ptr, acc)

@@ -1,17 +1,22 @@
-"""Tests of kernels/embedding.py: deterministic embedding backward, ids preparation, autograd lookup.
+"""Tests of kernels/embedding.py: deterministic embedding backward (dense and accumulate modes), ids
+preparation, autograd lookup.
 
 Two references: the float64 ``index_add_`` (``embedding_backward_ref``), checked within the derived bound
 below, and ``embedding_backward_ordered_ref`` (the documented fp32 summation order in plain PyTorch), which
-the kernel must match bit for bit. Without a GPU the kernels run in Triton's interpreter: small shapes only
-(cases marked GPU-only use the real speedrun shapes).
+the kernel must match bit for bit. The accumulate mode (acc[v] += float(round(sum)) for the touched rows) is
+held to its specification written again here: bit for bit acc + the dense kernel's output on the touched rows,
+untouched rows never written (their bits, NaN and -0.0 included, unchanged), and within the float64 bound of
+acc + the float64 sum. Without a GPU the kernels run in Triton's interpreter: small shapes only (cases marked
+GPU-only use the real speedrun shapes).
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels.embedding import (DEFAULT_CONFIG, PIECE, TUNING_CANDIDATES, EmbeddingPrep, embedding,
-                               embedding_backward, embedding_backward_ordered_ref, embedding_backward_ref,
-                               prepare_ids)
+                               embedding_backward, embedding_backward_accumulate,
+                               embedding_backward_accumulate_ref, embedding_backward_ordered_ref,
+                               embedding_backward_ref, prepare_ids)
 from tests.tolerances import (assert_all_written, assert_close_report, shifted_randn,
                               unit_roundoff)
 
@@ -148,6 +153,121 @@ def test_embedding_backward(N, C, V, kind, odtype, device, nan_empty):
                         name="vs float64")
 
 
+# ----------------------------------------------------------------------------------------------- accumulate mode
+def touched_rows(ids, num_embeddings):
+    """(V,) bool: the rows some id names (written out here, not taken from the module)."""
+    t = torch.zeros(num_embeddings, dtype=torch.bool)
+    t[ids.reshape(-1).cpu().long()] = True
+    return t
+
+
+def make_acc(V, C, layout, touched, device, seed=0):
+    """(buffer, acc, inside): an fp32 (V, C) accumulator prefilled with shifted random values, where untouched
+    rows hold NaN (every third) and -0.0 (every third, from the second): a kernel that writes an untouched row
+    at all, even with acc + 0.0, changes its bits. layout "contiguous", or "strided": a view at an offset into
+    a wider buffer (row stride C + 5), as the optimizer's padded or stacked accumulators; inside marks acc's
+    elements of the buffer (the others must stay as they are)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols, r0, c0 = (V, C, 0, 0) if layout == "contiguous" else (V + 3, C + 5, 1, 2)
+    buf = shifted_randn(rows, cols, generator=gen)
+    inside = torch.zeros(rows, cols, dtype=torch.bool)
+    inside[r0:r0 + V, c0:c0 + C] = True
+    acc = buf[r0:r0 + V, c0:c0 + C]
+    untouched = torch.nonzero(~touched).reshape(-1)
+    acc[untouched[0::3]] = float("nan")
+    acc[untouched[1::3]] = -0.0
+    buf = buf.to(device)
+    return buf, buf[r0:r0 + V, c0:c0 + C], inside
+
+
+def check_accumulated(acc, acc0, buf, buf0, inside, g, ids, V):
+    """The accumulate mode's specification, on the result acc of acc0 (buf0: the whole buffer before)."""
+    touched = touched_rows(ids, V)
+    acc, acc0 = acc.cpu(), acc0.cpu()
+    # untouched rows never written: their bits (NaN payloads, -0.0) unchanged; nothing outside the view written
+    assert torch.equal(bits(acc[~touched]), bits(acc0[~touched])), "an untouched row was written"
+    assert torch.equal(bits(buf.cpu()[~inside]), bits(buf0.cpu()[~inside])), "written outside acc's view"
+    # touched rows bit for bit acc + the dense kernel's output: acc.add_(embedding_backward(...)) on them
+    expected = acc0 + embedding_backward(g, ids, V).cpu().float()
+    if not torch.equal(bits(acc[touched]), bits(expected[touched])):
+        assert_close_report(acc[touched], expected[touched], atol=0.0, name="accumulate vs acc + dense (bitwise)")
+        raise AssertionError("accumulate vs acc + dense: only the sign of zeros differs")
+    # and bit for bit the module's reference of the mode, every row
+    ref = embedding_backward_accumulate_ref(g, ids, acc0)
+    assert torch.equal(bits(acc), bits(ref)), "accumulate vs embedding_backward_accumulate_ref (bitwise)"
+
+
+@pytest.mark.parametrize("odtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N,C,V,kind", CASES, ids=[case_id(c) for c in CASES])
+def test_embedding_backward_accumulate(N, C, V, kind, odtype, device, nan_empty):
+    ids = make_ids(kind, N, V).to(device)
+    g = shifted_randn(N, C, dtype=odtype, device=device)
+    prep = prepare_ids(ids.cpu(), V).to(device)
+    touched = touched_rows(ids, V)
+    buf, acc, inside = make_acc(V, C, "strided", touched, device)
+    buf0, acc0 = buf.clone(), acc.clone()
+    out = embedding_backward_accumulate(g, ids, acc, prep=prep)
+    assert out is acc
+    check_accumulated(acc, acc0, buf, buf0, inside, g, ids, V)
+    # float64: acc0 + s within |round(s32) - s| (derived_bound) plus the fp32 add's rounding u32 |acc0 + r|
+    s = embedding_backward_ref(g, ids, V)[touched]
+    a0 = acc0.cpu().double()[touched]
+    atol, rtol = derived_bound(g, ids, V, odtype)
+    err = atol + rtol * s.abs()
+    bound = err + unit_roundoff(torch.float32) * (a0.abs() + s.abs() + err)
+    got = acc.cpu()[touched]
+    overflow = s.to(odtype).isinf()   # a sum beyond the weight dtype's range rounds to inf (fp16, GPU shapes)
+    assert torch.equal(got.isinf(), overflow) and torch.equal(got[overflow], s.to(odtype).float()[overflow])
+    assert_close_report(got.masked_fill(overflow, 0), (a0 + s).masked_fill(overflow, 0),
+                        atol=bound.masked_fill(overflow, 0), name="accumulate vs float64")
+
+
+@pytest.mark.parametrize("config", [None, OTHER_CONFIG], ids=["default", "other_config"])
+@pytest.mark.parametrize("use_prep", [False, True], ids=["noprep", "prep"])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_accumulate_layouts_ids_prep_config(layout, id_dtype, use_prep, config, device, nan_empty):
+    N, C, V = PIECE * 5 + 3, 40, 37
+    ids = make_ids("long", N, V).reshape(17, 19).to(device=device, dtype=id_dtype)
+    g = shifted_randn(17, 19, C, dtype=torch.bfloat16, device=device)
+    buf, acc, inside = make_acc(V, C, layout, touched_rows(ids, V), device, seed=1)
+    buf0, acc0 = buf.clone(), acc.clone()
+    prep = prepare_ids(ids.cpu(), V).to(device) if use_prep else None
+    embedding_backward_accumulate(g, ids, acc, prep=prep, config=config)
+    check_accumulated(acc, acc0, buf, buf0, inside, g, ids, V)
+
+
+def test_accumulate_micro_steps_equal_dense_gradients_added(device):
+    """The optimizer's use: an accumulator that starts at +0.0 and takes several micro-steps' gradients (one
+    id repeated N times, Zipf ids, uniform ids) ends bitwise equal, every row, to zeros + dense_1 + dense_2 + ...;
+    no row ever holds -0.0 (the module docstring's argument), so the untouched rows' acc + 0.0 changes nothing."""
+    C, V = 24, 70
+    acc = torch.zeros(V, C, device=device)
+    expected = torch.zeros(V, C)
+    for i, (kind, N) in enumerate([("equal", 3 * PIECE + 1), ("zipf", 150), ("uniform", 40)]):
+        ids = make_ids(kind, N, V, seed=i).to(device)
+        g = shifted_randn(N, C, dtype=torch.bfloat16, device=device, mean=2.3 * (-1) ** i)
+        embedding_backward_accumulate(g, ids, acc)
+        expected.add_(embedding_backward(g, ids, V).cpu())
+    assert torch.equal(bits(acc.cpu()), bits(expected))
+    assert not (bits(acc.cpu()) == bits(torch.tensor(-0.0))).any()
+
+
+def test_accumulate_leaves_negative_zero_that_acc_plus_zero_would_clear(device):
+    """The one value where the dense path (acc + 0.0 on an untouched row) and the accumulate mode (no write)
+    differ: -0.0 becomes +0.0 there and stays -0.0 here. Documented, never met by the optimizer (see above)."""
+    C, V = 8, 6
+    ids = torch.tensor([1, 4, 4], device=device)
+    g = shifted_randn(3, C, device=device)
+    acc = torch.full((V, C), -0.0, device=device)
+    dense = acc + embedding_backward(g, ids, V)
+    embedding_backward_accumulate(g, ids, acc)
+    untouched = torch.tensor([0, 2, 3, 5])
+    assert (bits(acc.cpu()[untouched]) == bits(torch.tensor(-0.0))).all()
+    assert (bits(dense.cpu()[untouched]) == 0).all()
+    assert torch.equal(acc[[1, 4]], dense[[1, 4]])
+
+
 @pytest.mark.parametrize("kind", ["long", "zipf"])
 def test_bitwise_repeatable_and_config_independent(kind, device):
     N, C, V = PIECE * 9 + 5, 40, 50
@@ -242,6 +362,76 @@ def test_embedding_autograd(use_prep, wdtype, device):
     assert torch.equal(weight.grad, e1 + embedding_backward(g2, ids, V))
 
 
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("use_prep", [False, True], ids=["noprep", "prep"])
+def test_embedding_autograd_accumulate(use_prep, wdtype, device):
+    """embedding(..., acc=acc): the backward adds into acc (bitwise acc + the dense gradient) and gives the weight
+    none: .grad stays None (a post-accumulate-grad hook on it, if autograd runs it, sees None), micro-step after
+    micro-step."""
+    B, T, C, V = 2, 37, 24, 45
+    ids = make_ids("zipf", B * T, V).reshape(B, T).to(device)
+    weight = shifted_randn(V, C, dtype=wdtype, device=device).requires_grad_()
+    seen = []
+    weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad))
+    prep = prepare_ids(ids.cpu(), V).to(device) if use_prep else None
+    buf = shifted_randn(V + 2, C + 3, device=device)
+    acc = buf[1:V + 1, :C]                                      # a strided view, as the optimizer's padded rows
+    expected = acc.clone()
+    for step in range(2):
+        y = embedding(ids, weight, prep, acc=acc)
+        assert torch.equal(y, F.embedding(ids, weight))
+        g = shifted_randn(B, T, C, dtype=wdtype, device=device, mean=1.0 - 2.3 * step)
+        y.backward(g)
+        assert weight.grad is None
+        expected = expected + embedding_backward(g, ids, V).float()   # untouched rows: + 0.0, no -0.0 in acc
+        assert torch.equal(bits(acc), bits(expected)), f"micro-step {step}"
+    assert all(grad is None for grad in seen)  # train_gpt's hooks find no gradient to fold
+
+
+def test_embedding_autograd_accumulate_views_of_one_buffer(device):
+    """The value-embedding layout: tables that are views of one parameter (.view(n, V, C).unbind(0)) with
+    accumulators that are views of one buffer. Each lookup's backward changes the buffer that the next one's
+    acc views (a saved tensor would fail autograd's in-place check); the weight gets no gradient at all, and the
+    buffer ends bitwise equal to the stacked dense gradient added to it."""
+    n, V, C, N = 3, 29, 16, 90
+    ids = make_ids("zipf", N, V).to(device)
+    prep = prepare_ids(ids.cpu(), V).to(device)
+    w = shifted_randn(n * V, C, dtype=torch.bfloat16, device=device)
+    gs = [shifted_randn(N, C, dtype=torch.bfloat16, device=device, mean=m) for m in (-2.3, 0.4, 1.7)]
+
+    def run(weight, accs):
+        ys = [embedding(ids, t, prep, acc=a) for t, a in zip(weight.view(n, V, C).unbind(0), accs)]
+        torch.autograd.backward(ys, gs)
+
+    dense_w = w.clone().requires_grad_()
+    run(dense_w, [None] * n)
+    buf = shifted_randn(n * V, C, device=device)
+    expected = buf + dense_w.grad.float()
+    acc_w = w.clone().requires_grad_()
+    run(acc_w, buf.view(n, V, C).unbind(0))
+    assert acc_w.grad is None
+    assert torch.equal(bits(buf), bits(expected))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_embedding_accumulate_compiles_fullgraph_cpu_backends(backend, device):
+    """The mutating backward op traces too (fullgraph): acc is changed in place, the weight gets no gradient."""
+    torch._dynamo.reset()
+    C, V = 16, 33
+    ids = make_ids("uniform", 40, V).reshape(4, 10).to(device)
+    weight = shifted_randn(V, C, device=device).requires_grad_()
+    acc = shifted_randn(V, C, device=device)
+    acc0 = acc.clone()
+    prep = prepare_ids(ids.cpu(), V).to(device)
+    fn = torch.compile(lambda i, w, p, a: (embedding(i, w, p, acc=a) * 2).sum(-1), fullgraph=True, backend=backend)
+    out = fn(ids, weight, prep, acc)
+    assert torch.equal(out, (F.embedding(ids, weight) * 2).sum(-1))
+    out.backward(torch.ones_like(out))
+    assert weight.grad is None
+    dense = embedding_backward(torch.full((4, 10, C), 2.0, device=device), ids, V)
+    assert torch.equal(bits(acc), bits(acc0 + dense))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_embedding_compiles_fullgraph_cpu_backends(backend, device):
     """fullgraph=True proves the custom ops trace without graph breaks; aot_eager also runs their fakes."""
@@ -271,6 +461,22 @@ def test_embedding_compiles_fullgraph_inductor(use_prep, device):
     assert torch.equal(y, F.embedding(ids, weight))
     y.backward(g)
     assert torch.equal(weight.grad, embedding_backward(g, ids, V))
+
+
+@gpu_only
+def test_embedding_accumulate_compiles_fullgraph_inductor(device):
+    torch._dynamo.reset()
+    N, C, V = 4096, 768, 50304
+    ids = make_ids("zipf", N, V).reshape(4, N // 4).to(device)
+    weight = shifted_randn(V, C, dtype=torch.bfloat16, device=device).requires_grad_()
+    prep = prepare_ids(ids.cpu(), V).to(device)
+    acc = shifted_randn(V, C, device=device)
+    acc0 = acc.clone()
+    g = shifted_randn(4, N // 4, C, dtype=torch.bfloat16, device=device)
+    fn = torch.compile(lambda i, w, p, a: embedding(i, w, p, acc=a) * 1.0, fullgraph=True)
+    fn(ids, weight, prep, acc).backward(g)
+    assert weight.grad is None
+    assert torch.equal(bits(acc), bits(acc0 + embedding_backward(g, ids, V).float()))
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -335,3 +541,34 @@ def test_embedding_errors(device):
         embedding(ids, w, prepare_ids(ids.cpu(), V + 1).to(device))
     with pytest.raises(ValueError, match="prep was made for N=5"):
         embedding(ids, w, prepare_ids(ids[:5].cpu(), V).to(device))
+    with pytest.raises(ValueError, match=r"acc must be a float32 tensor of weight's shape \(10, 4\)"):
+        embedding(ids, w, acc=torch.zeros(V, C, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match=r"acc must be a float32 tensor of weight's shape"):
+        embedding(ids, w, acc=torch.zeros(V + 1, C, device=device))
+    with pytest.raises(ValueError, match="acc is on meta"):
+        embedding(ids, w, acc=torch.zeros(V, C, device="meta"))
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda g, i, a: dict(acc=a.to(torch.bfloat16)), TypeError, "acc must be a 2-D float32 tensor"),
+    (lambda g, i, a: dict(acc=a[0]), TypeError, "acc must be a 2-D float32 tensor"),
+    (lambda g, i, a: dict(acc=a.tolist()), TypeError, "acc must be a 2-D float32 tensor"),
+    (lambda g, i, a: dict(acc=a[:, :-1]), ValueError, r"acc must have C = 8 columns"),
+    (lambda g, i, a: dict(acc=a.to("meta")), ValueError, "acc is on meta but grad_out is on"),
+    (lambda g, i, a: dict(acc=torch.zeros(8, 10, device=g.device).T), ValueError, "unit channel stride"),
+    (lambda g, i, a: dict(acc=torch.zeros(1, 8, device=g.device).expand(10, 8)), ValueError,
+     "non-overlapping rows"),
+    (lambda g, i, a: dict(acc=a[:5]), ValueError, r"found id 5, expected 0 <= id < 5"),
+    (lambda g, i, a: dict(prep=prepare_ids(i.cpu(), 11).to(g.device)), ValueError,
+     "prep was made for num_embeddings=11, but num_embeddings is 10"),
+    (lambda g, i, a: dict(grad_out=g[:-1]), ValueError, "grad_out must have shape ids.shape"),
+    (lambda g, i, a: dict(grad_out=g.double()), TypeError, "grad_out must be float32, bfloat16 or float16"),
+])
+def test_embedding_backward_accumulate_errors(mutate, exc, match, device):
+    g, ids, V = _args(device)
+    acc = torch.zeros(V, g.shape[1], device=device)
+    kwargs = dict(grad_out=g, ids=ids, acc=acc)
+    kwargs.update(mutate(g, ids, acc))
+    with pytest.raises(exc, match=match):
+        embedding_backward_accumulate(**kwargs)
+    assert not acc.any()

@@ -591,6 +591,69 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         assert not a.groups[k].acc.any()
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
+    """--embed-grad-to-acc against the default, through Trainer.train_step: with the embedding lookups adding
+    into the optimizer's accumulators, every accumulator, parameter and optimizer state is bitwise what the dense
+    gradients folded by the hooks give. Both trainers use kernels.embedding.embedding (on the CPU: the Triton
+    interpreter; the CPU trainer's own torch lookup has no accumulate mode, so build_fns leaves the flag off
+    there), bf16 tables, two value-embedding tables (views of one parameter and one accumulator), and two of each
+    step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: step 0
+    leaves the tables' accumulators pending, step 1 reduces and updates them, while tied (the head's
+    reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or after untie()."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2,
+                                  ve_tables=(0, 1, -1, 0))
+    tables = {"embed", "value_embeds", "bigram_embed"}
+
+    def same_bits(a, b):  # bitwise, -0.0 and NaN payloads included
+        ints = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+        return a.dtype == b.dtype and torch.equal(a.detach().view(ints[a.dtype]), b.detach().view(ints[b.dtype]))
+
+    trainers = []
+    for on in (False, True):
+        tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), tg.Dist(device=torch.device(device)),
+                        tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+        assert tr.fns.embed_accs == (on and device == "cuda")
+        tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
+        next_step = tr.loader.next
+        tr.loader.next = lambda next_step=next_step: next_step()[:2]
+        if not tied:
+            tr.opt.untie()
+        started = []
+        step = tr.opt.step
+
+        def capture(*args, tr=tr, step=step, started=started, **kwargs):
+            started.append(set(tr.opt.launched))
+            assert all(tr.params[k].grad is None for k in tables)
+            return step(*args, **kwargs)
+
+        tr.opt.step = capture
+        trainers.append((tr, started))
+    (off, started_off), (on, started_on) = trainers
+    for step in (0, 1):
+        for tr, _ in trainers:
+            tr.train_step(step, want_loss=False)
+        for name, g in off.opt.groups.items():
+            h = on.opt.groups[name]
+            assert same_bits(on.params[name], off.params[name]), f"step {step}: parameter {name}"
+            assert same_bits(h.acc, g.acc), f"step {step}: accumulator {name}"
+            for key, t in g.state_tensors().items():
+                assert same_bits(h.state_tensors()[key], t), f"step {step}: {name}.{key}"
+            assert g.step == h.step
+        assert on.opt.pending == off.opt.pending == (step == 0)
+        if step == 0:  # the tables' gradients are pending, and nonzero (the test would see a dropped one)
+            assert all(off.opt.groups[k].acc.any() for k in tables)
+    for tr, _ in trainers:
+        tr.loader.close()
+    assert all(not torch.equal(off.params[k], off.initial[k]) for k in tables | {"lm_head"})
+    # Who started the due reduce-scatters at the slow step: the hooks for every table in the default mode
+    # (while tied the embedding's is the head's); step() for the tables with the flag (and the head while tied).
+    region = set(tg.PARAMS) - tables - {"lm_head"}
+    assert started_off[1] == region | {"lm_head"} | tables - ({"embed"} if tied else set())
+    assert started_on[1] == region | (set() if tied else {"lm_head"})
+
+
 def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     """A checkpoint after a skipped step carries the slow groups' pending gradients (per rank): a fresh
     optimizer loaded from it (through save_checkpoint / load_checkpoint) ends the next step bitwise equal to
