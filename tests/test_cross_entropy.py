@@ -426,20 +426,25 @@ def test_e5m2_fused_is_the_row_path_bytes(N, V, K, dtype, tile, device):
 def test_e5m2_fused_is_the_row_path_bytes_strided_broadcast_bad_targets(tile, device):
     """Strided logits (row stride 97 > V), a stride-0 incoming gradient and out-of-range targets (NaN rows):
     the same bytes as the row path, the NaN rows' included. The outputs are prefilled with 0x7F, a NaN that the
-    kernels never write (their NaN is 0x7E or 0xFE whatever the payload), since NaN rows are NaN legitimately."""
+    kernels never write (their NaN is 0x7E or 0xFE whatever the payload), since NaN rows are NaN legitimately;
+    they sit inside larger buffers, whose bytes around them must stay 0x7F (a missing mask writes there)."""
     N, V = 21, 77
     x, targets, weights = make_inputs(N, V, 3, device=device, seed=10, row_stride=97)
     grad = torch.full((), 0.7, device=device).expand(N)
     targets[20], targets[7], targets[0] = V, -1, V + 1000     # rows 18..20, 5..7 and 0 poisoned
     _, stats = softcapped_cross_entropy_fwd(x, targets.clamp(0, V - 1), weights, *SOFTCAP)
+    guard = 64 * V                                             # more than any tile reaches past the end
     outs = []
     for fused_t, config in ((False, E5M2_TILE), (True, FUSED_TILES[tile])):
-        g8 = torch.full((N, V), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e5m2)
-        g8t = torch.full((V, N), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e5m2)
+        bufs = [torch.full((N * V + 2 * guard,), 0x7F, dtype=torch.uint8, device=device) for _ in range(2)]
+        g8 = bufs[0][guard:guard + N * V].view(torch.float8_e5m2).view(N, V)
+        g8t = bufs[1][guard:guard + N * V].view(torch.float8_e5m2).view(V, N)
         softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, SCALE, out=g8, out_t=g8t,
                                           config=config, fused_t=fused_t)
-        for name, o in (("g8", g8), ("g8t", g8t)):
+        for name, o, buf in (("g8", g8, bufs[0]), ("g8t", g8t, bufs[1])):
             assert not (o.view(torch.uint8) == 0x7F).any(), f"fused_t={fused_t}: {name} not fully written"
+            assert (buf[:guard] == 0x7F).all() and (buf[-guard:] == 0x7F).all(), \
+                f"fused_t={fused_t}: bytes written outside {name}"
         outs.append((g8, g8t))
     assert_same_e5m2_bytes(outs[1], outs[0])
     g8, g8t = outs[1]
