@@ -67,11 +67,13 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
     is rounded to e5m2 (``_e5m2_bits``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
   * ``_ce_bwd_e5m2_2d_kernel`` (the same with ``fused_t=True``): one program per tile of BLOCK_N rows x
-    BLOCK_V columns (a 1-D grid, the column tiles of a row tile consecutive). It loads the BLOCK_N rows' m_t,
-    1 / S_t, g_t and terms as (BLOCK_N, 1) columns, computes the tile's e5m2 bytes as the row kernel does, and
-    stores them twice: into g8 as they are and, transposed (``tl.trans``), into g8t. The last row tile and the
-    last column tile are masked (rows past N read row N - 1's values and store nothing); the offsets are
-    64-bit (g8t's pass 2^31 at the speedrun's shape).
+    BLOCK_V columns (a 1-D grid, the column tiles of a row tile consecutive). It loads the rows' m_t, 1 / S_t,
+    g_t and terms as (rows, 1) columns, computes the tile's e5m2 bytes as the row kernel does, and stores them
+    twice: into g8 as they are and, transposed (``tl.trans``), into g8t. With PACKED (N % 4 == 0) it computes the
+    tile as four interleaved row sets (rows 4i + j, j = 0..3) and packs each column's 4 bytes of rows 4i..4i+3
+    into one 32-bit word, the layout of 4 consecutive bytes of g8t, so that the transpose moves words rather
+    than bytes. The last row tile and the last column tile are masked (rows past N read row N - 1's values and
+    store nothing); the offsets are 64-bit (g8t's pass 2^31 at the speedrun's shape).
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
 written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes 2.47 GB,
 then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s (7.56 ms measured on one H200,
@@ -130,24 +132,29 @@ TUNING_CANDIDATES = [
 ]
 
 # The 2-D e5m2 backward (softcapped_cross_entropy_bwd_e5m2(fused_t=True)), both logits dtypes: BLOCK_N rows x
-# BLOCK_V columns per program, warps. An untuned initial choice, NOT yet measured on a GPU: a 64 x 128 tile reads
-# 128 columns (256 bytes of bf16) of 64 rows and writes 8 KB to each output, in 128-byte rows of g8 and 64-byte
-# rows (two 32-byte sectors) of g8t; 4 warps give each thread 64 elements. Beware: a first 2-D kernel of this
-# design (commit 474b963, 64 x 64 or 64 x 128 tiles, 8 warps) took 10.6 ms per call at N=16384 in a training
-# profile on one H200, 4x the row kernel + transpose (2.52 ms; records/2026-11-25_WholeRegion1xH200), for reasons
-# not found; hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy
-# --tune` has timed E5M2_2D_TUNING_CANDIDATES against the row path on a GPU.
-E5M2_2D_CONFIG = dict(BLOCK_N=64, BLOCK_V=128, num_warps=4)
+# BLOCK_V columns per program, warps, and PACKED (transpose 32-bit words of 4 rows' bytes, when N % 4 == 0, rather
+# than single bytes). An untuned initial choice, NOT yet measured on a GPU. A first 2-D kernel of this design
+# (commit 474b963: bytes transposed, 64 x 64 or 64 x 128 tiles, 8 warps) took 10.6 ms per call at N=16384 in a
+# training profile on one H200, 4x the row kernel + transpose (2.52 ms; records/2026-11-25_WholeRegion1xH200), for
+# reasons not measured. Compiled for sm_90a on a CPU (Triton 3.9, bf16, K=3; no GPU run), a byte transpose goes
+# through shared memory one or two bytes per access (STS.U8 / STS.U16 / LDS.U8: one shared-memory instruction
+# per element, bank conflicts unknown) and a 64 x 128 tile needs 128 registers at 8 warps (180 at 4); PACKED
+# moves 32-bit words (a quarter of the shared-memory instructions) in 73 registers at 8 warps (3 CTAs per SM).
+# 64 x 128 x 8 warps: 256-byte rows of bf16 logits, 128-byte rows of g8 and 64-byte rows of g8t per tile.
+# Hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy --tune` has
+# timed E5M2_2D_TUNING_CANDIDATES against the row path on a GPU.
+E5M2_2D_CONFIG = dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True)
 # Interpreter (CPU): the cost is per program, so fewer, larger tiles (the bytes do not depend on the tile).
-E5M2_2D_INTERPRETER_CONFIG = dict(BLOCK_N=64, BLOCK_V=512, num_warps=4)
+E5M2_2D_INTERPRETER_CONFIG = dict(BLOCK_N=64, BLOCK_V=512, num_warps=4, PACKED=True)
 E5M2_2D_TUNING_CANDIDATES = [
-    dict(BLOCK_N=32, BLOCK_V=128, num_warps=4),
-    dict(BLOCK_N=64, BLOCK_V=64, num_warps=4),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=4),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8),
-    dict(BLOCK_N=128, BLOCK_V=64, num_warps=4),
-    dict(BLOCK_N=128, BLOCK_V=128, num_warps=8),
-    dict(BLOCK_N=64, BLOCK_V=256, num_warps=8),
+    dict(BLOCK_N=64, BLOCK_V=64, num_warps=4, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=4, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True),
+    dict(BLOCK_N=128, BLOCK_V=64, num_warps=8, PACKED=True),
+    dict(BLOCK_N=128, BLOCK_V=128, num_warps=8, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=256, num_warps=8, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=64, num_warps=8, PACKED=False),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=False),
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
@@ -375,35 +382,63 @@ def _e5m2_bits(v):
 
 
 @triton.jit
-def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
-                         row0, col0, N, V, A, B, C, A_over_Cs,
-                         K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, MASKED: tl.constexpr):
-    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of dx / scale into g8 and,
-    transposed, into g8t. row0 and col0 are int64, so every offset below is (g8t's pass 2^31 at the speedrun's
-    N x V)."""
-    rows = row0 + tl.arange(0, BLOCK_N)                    # (BLOCK_N,) int64
-    cols = col0 + tl.arange(0, BLOCK_V)                    # (BLOCK_V,) int64
-    # Rows past N (the last row tile only) read row N - 1's values instead: computed, never stored.
-    r = tl.minimum(rows, N - 1)[:, None]                   # (BLOCK_N, 1)
+def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                         rows, cols, N, V, A, B, C, A_over_Cs, K: tl.constexpr, MASKED: tl.constexpr):
+    """The e5m2 bits of dx / scale at rows (R,) x cols (BLOCK_V,) (int64), stored into g8 and returned (R, BLOCK_V)
+    uint8. Rows past N (in the last row tile) read row N - 1's values instead: computed, never stored."""
+    r = tl.minimum(rows, N - 1)[:, None]                   # (R, 1)
     m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
         g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, K)
     c = cols[None, :]                                      # (1, BLOCK_V)
     x_ptrs = x_ptr + r * stride_xn + c
+    out_ptrs = out_ptr + rows[:, None] * V + c             # g8[rows, cols]
     if MASKED:
-        msk = (rows[:, None] < N) & (c < V)               # (BLOCK_N, BLOCK_V)
+        msk = (rows[:, None] < N) & (c < V)
         x = tl.load(x_ptrs, mask=msk, other=0.0)
     else:
         x = tl.load(x_ptrs)
     bits = _e5m2_bits(_bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_Cs,
-                                  tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K))   # (BLOCK_N, BLOCK_V) uint8
-    out_ptrs = out_ptr + rows[:, None] * V + c                          # g8[rows, cols]
-    out_t_ptrs = out_t_ptr + cols[:, None] * N + rows[None, :]          # g8t[cols, rows], (BLOCK_V, BLOCK_N)
+                                  tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K))
     if MASKED:
         tl.store(out_ptrs, bits, mask=msk)
-        tl.store(out_t_ptrs, tl.trans(bits), mask=(cols[:, None] < V) & (rows[None, :] < N))
     else:
         tl.store(out_ptrs, bits)
-        tl.store(out_t_ptrs, tl.trans(bits))
+    return bits
+
+
+@triton.jit
+def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
+                         row0, col0, N, V, A, B, C, A_over_Cs, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_V: tl.constexpr, PACKED: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of dx / scale into g8 and,
+    transposed, into g8t. row0 and col0 are int64, so every offset below is (g8t's pass 2^31 at the speedrun's
+    N x V). PACKED (N % 4 == 0; out_t_ptr then points at g8t as int32 words, (V, N / 4)): the tile is computed
+    as four (BLOCK_N / 4, BLOCK_V) interleaved row sets, rows 4i + j for j = 0..3, whose bytes are packed into one
+    32-bit word per group of 4 consecutive rows (row 4i + j in byte j: little-endian, as g8t lays them out), so
+    that the transpose moves words, not bytes. Otherwise the uint8 tile itself is transposed."""
+    cols = col0 + tl.arange(0, BLOCK_V)                    # (BLOCK_V,) int64
+    if PACKED:
+        w = row0 // 4 + tl.arange(0, BLOCK_N // 4)         # g8t's word columns, (BLOCK_N / 4,) int64
+        quads = 4 * w                                      # the first of each word's 4 rows
+        words = tl.zeros((BLOCK_N // 4, BLOCK_V), dtype=tl.uint32)
+        for j in tl.static_range(4):
+            bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
+                                        out_ptr, quads + j, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+            words = words | (bits.to(tl.uint32) << (8 * j))
+        out_t_ptrs = out_t_ptr + cols[:, None] * (N // 4) + w[None, :]    # g8t words [cols, w], (BLOCK_V, BLOCK_N / 4)
+        if MASKED:                                         # N % 4 == 0: a group is all in or all out
+            tl.store(out_t_ptrs, tl.trans(words), mask=(cols[:, None] < V) & (quads[None, :] < N))
+        else:
+            tl.store(out_t_ptrs, tl.trans(words))
+    else:
+        rows = row0 + tl.arange(0, BLOCK_N)                # (BLOCK_N,) int64
+        bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
+                                    out_ptr, rows, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+        out_t_ptrs = out_t_ptr + cols[:, None] * N + rows[None, :]       # g8t[cols, rows], (BLOCK_V, BLOCK_N)
+        if MASKED:
+            tl.store(out_t_ptrs, tl.trans(bits), mask=(cols[:, None] < V) & (rows[None, :] < N))
+        else:
+            tl.store(out_t_ptrs, tl.trans(bits))
 
 
 @triton.jit
@@ -414,11 +449,11 @@ def _ce_bwd_e5m2_2d_kernel(
     x_ptr, stride_xn, stats_ptr,
     # targets (N,) int64, weights (K,) fp32
     targets_ptr, weights_ptr,
-    # outputs: e5m2 bit patterns (uint8 views), g8 (N, V) and g8t (V, N), both contiguous
+    # outputs, both contiguous: g8 (N, V) as uint8, g8t (V, N) as uint8, or with PACKED as int32 (V, N / 4)
     out_ptr, out_t_ptr,
     # sizes, softcap constants, A / (C * scale)
     N, V, A, B, C, A_over_Cs,
-    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PACKED: tl.constexpr,
 ):
     # One program per tile, the column tiles of a row tile consecutive (a 1-D grid: no 65535 limit on either
     # count): programs running together read whole rows of the logits and write whole rows of g8.
@@ -428,10 +463,10 @@ def _ce_bwd_e5m2_2d_kernel(
     col0 = (pid % tiles_v).to(tl.int64) * BLOCK_V
     if (row0 + BLOCK_N <= N) & (col0 + BLOCK_V <= V):     # inside the tensor: no masks
         _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, False)
+                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, False)
     else:                                                  # the last row tile and/or the last column tile
         _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, True)
+                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -563,6 +598,12 @@ def _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, A_over_C, K
         K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, num_warps=cfg["num_warps"])
 
 
+def _packs_words(cfg, N, out_t):
+    """Whether the 2-D kernel transposes 32-bit words of 4 rows (cfg PACKED): g8t's rows must hold whole words
+    (N % 4 == 0) and start 4-byte aligned; otherwise it transposes bytes."""
+    return bool(cfg["PACKED"]) and cfg["BLOCK_N"] >= 4 and N % 4 == 0 and out_t.data_ptr() % 4 == 0
+
+
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
                                      config=None, transpose_config=None, fused_t=False):
     """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding RNE_e5m2(dlogits / scale)
@@ -571,8 +612,8 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
     preallocated outputs. ``fused_t``: False, the row kernel writes g8 and kernels.transpose copies it into g8t;
     True, one 2-D tiled kernel writes both (the same bytes, no transpose pass). ``config``: the row kernel's
     dict(BLOCK_V=..., num_warps=...), or with fused_t the 2-D kernel's dict(BLOCK_N=..., BLOCK_V=...,
-    num_warps=...) (powers of two), overriding the default; ``transpose_config``: kernels.transpose's (BLOCK_M,
-    BLOCK_N, num_warps) for g8t (row kernel path only)."""
+    num_warps=..., PACKED=...) (powers of two; PACKED applies where N % 4 == 0), overriding the default;
+    ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t (row kernel path only)."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
     _check_grad(grad, N, dev)
@@ -606,11 +647,12 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         cfg = config if config is not None else (
             E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
         BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
+        packed = _packs_words(cfg, N, out_t)
         _ce_bwd_e5m2_2d_kernel[(triton.cdiv(N, BLOCK_N) * triton.cdiv(V, BLOCK_V),)](
             grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights,
-            out.view(torch.uint8), out_t.view(torch.uint8),
+            out.view(torch.uint8), out_t.view(torch.int32 if packed else torch.uint8),
             N, V, float(A), float(B), float(C), A_over_Cs,
-            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, num_warps=cfg["num_warps"])
+            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, num_warps=cfg["num_warps"])
         return out, out_t
     _launch_bwd(grad, logits, stats, targets, weights, out.view(torch.uint8), A, B, C, A_over_Cs, K,
                 _config(logits, config), True)

@@ -11,10 +11,11 @@ g8t == g8.T. Without a GPU the kernels run in Triton's interpreter: fp32 and sma
 that V=64 takes only the unmasked full-tile path, V=77 full tiles plus the masked tail, and V=20 the tail
 alone; the e5m2 backward adds V=95 (a 31-column tail) and N=16 / N=15 rows. It has two paths, both tested
 against the spec: the same row kernel, then kernels.transpose for g8t; and one 2-D kernel (``fused_t=True``)
-that writes g8 and g8t from 8-row x 32-column tiles, which must also give the row path's bytes exactly (the same
-fp32 expression per element), on aligned and ragged shapes, N=1, V below one tile, K=1..4, bf16 and fp32,
-strided logits, a broadcast gradient and bad targets, with non-square tiles either way round (a row/column swap
-in the transposed store shows).
+that writes g8 and g8t from 8-row x 32-column tiles (transposing 32-bit words of 4 rows where N % 4 == 0, N=16,
+else bytes, N=15), which must also give the row path's bytes exactly (the same fp32 expression per element), on
+aligned and ragged shapes, N=1, V below one tile, K=1..4, bf16 and fp32, strided logits, a broadcast gradient
+and bad targets, with non-square tiles either way round (a row/column swap in the transposed store shows), and
+write nothing outside its outputs.
 """
 import pytest
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.cross_entropy import (_e5m2_bits, softcapped_cross_entropy, softcapped_cross_entropy_bwd,
+from kernels.cross_entropy import (_e5m2_bits, _packs_words, softcapped_cross_entropy, softcapped_cross_entropy_bwd,
                                    softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
                                    softcapped_cross_entropy_ref)
 from tests.tolerances import (E5M2_FP32_ULPS, UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch,
@@ -36,7 +37,7 @@ SOFTCAP = (23.0, 5.0, 7.5)                   # (A, B, C) as train_gpt.py uses th
 SMALL_TILE = dict(BLOCK_V=32, num_warps=4)   # CPU: V=64 aligned, V=77 masked tail, V=20 tail only
 WEIGHTS = {1: [1.0], 3: [1.0, 0.5, 0.25], 4: [1.0, 0.5, 0.25, 0.125]}
 E5M2_TILE = dict(BLOCK_V=32, num_warps=4)    # CPU: the row kernel's tiles; V=95 a 31-column tail, V=64 none
-E5M2_2D_TILE = dict(BLOCK_N=8, BLOCK_V=32, num_warps=4)   # the 2-D kernel's: N=15 a 7-row tail, N=16 none
+E5M2_2D_TILE = dict(BLOCK_N=8, BLOCK_V=32, num_warps=4, PACKED=True)   # 2-D: N=16 words, N=15 bytes + 7-row tail
 # The two e5m2 backward paths: the row kernel + kernels.transpose, and the 2-D kernel writing both layouts.
 E5M2_PATHS = pytest.mark.parametrize("fused_t", [False, True], ids=["row_transpose", "fused_2d"])
 
@@ -392,8 +393,11 @@ def test_e5m2_out_of_range_targets_poison_their_rows(fused_t, device):
 
 # The 2-D kernel against the row kernel + transpose, byte for byte: the same fp32 expression per element, so
 # the same bytes whatever the tiles. Tiles (BLOCK_N, BLOCK_V) non-square both ways round, so that a row/column
-# swap in the transposed store, a wrong row's statistics or a dropped mask shows.
-FUSED_TILES = {"8x32": dict(BLOCK_N=8, BLOCK_V=32, num_warps=4), "16x8": dict(BLOCK_N=16, BLOCK_V=8, num_warps=4)}
+# swap in the transposed store, a wrong row's statistics or a dropped mask shows; transposing 32-bit words of
+# 4 rows (PACKED, where N % 4 == 0) and bytes (N % 4 != 0, or PACKED off).
+FUSED_TILES = {"8x32": dict(BLOCK_N=8, BLOCK_V=32, num_warps=4, PACKED=True),
+               "16x8": dict(BLOCK_N=16, BLOCK_V=8, num_warps=4, PACKED=True),
+               "8x32_bytes": dict(BLOCK_N=8, BLOCK_V=32, num_warps=4, PACKED=False)}
 
 
 def assert_same_e5m2_bytes(got, want):
@@ -407,13 +411,13 @@ def assert_same_e5m2_bytes(got, want):
 @INTERPRETER_FP_WARNINGS
 @pytest.mark.parametrize("tile", FUSED_TILES, ids=list(FUSED_TILES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("N, V, K", [(32, 64, 3), (15, 95, 4), (13, 77, 2), (1, 20, 1), (3, 5, 4), (40, 33, 1)],
+@pytest.mark.parametrize("N, V, K", [(16, 64, 3), (15, 95, 4), (13, 77, 2), (1, 20, 1), (3, 5, 4), (44, 33, 1)],
                          ids=["aligned", "tails", "odd", "one_row", "tiny", "rows_tail"])
 def test_e5m2_fused_is_the_row_path_bytes(N, V, K, dtype, tile, device):
     """g8 and g8t of the 2-D kernel equal the row kernel + transpose's, every byte, into NaN-prefilled outputs:
     tile-aligned and ragged shapes (multiples of both tiles; 7-row and 31-column tails; N=1 and V below one
-    tile; K larger than N), K = 1..4, fp32 and bf16 logits, with a value range reaching +-inf, subnormals and
-    zeros."""
+    tile; K larger than N; N=44, a multiple of 4 with a 4- or 12-row tail: words, masked), K = 1..4, fp32 and
+    bf16 logits, with a value range reaching +-inf, subnormals and zeros."""
     x, targets, weights = make_inputs(N, V, 1, dtype=dtype, device=device, seed=9)
     weights = torch.tensor([1.0, 0.5, -0.25, 0.125][:K], device=device)
     grad = range_grad(N, device)
@@ -422,13 +426,16 @@ def test_e5m2_fused_is_the_row_path_bytes(N, V, K, dtype, tile, device):
     assert_same_e5m2_bytes(got, want)
 
 
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("N", [21, 28])
 @pytest.mark.parametrize("tile", FUSED_TILES, ids=list(FUSED_TILES))
-def test_e5m2_fused_is_the_row_path_bytes_strided_broadcast_bad_targets(tile, device):
+def test_e5m2_fused_is_the_row_path_bytes_strided_broadcast_bad_targets(tile, N, offset, device):
     """Strided logits (row stride 97 > V), a stride-0 incoming gradient and out-of-range targets (NaN rows):
     the same bytes as the row path, the NaN rows' included. The outputs are prefilled with 0x7F, a NaN that the
     kernels never write (their NaN is 0x7E or 0xFE whatever the payload), since NaN rows are NaN legitimately;
-    they sit inside larger buffers, whose bytes around them must stay 0x7F (a missing mask writes there)."""
-    N, V = 21, 77
+    they sit inside larger buffers, whose bytes around them must stay 0x7F (a missing mask writes there), at a
+    4-byte aligned offset or one byte further (where the kernel must transpose bytes, not words)."""
+    V = 77
     x, targets, weights = make_inputs(N, V, 3, device=device, seed=10, row_stride=97)
     grad = torch.full((), 0.7, device=device).expand(N)
     targets[20], targets[7], targets[0] = V, -1, V + 1000     # rows 18..20, 5..7 and 0 poisoned
@@ -437,19 +444,23 @@ def test_e5m2_fused_is_the_row_path_bytes_strided_broadcast_bad_targets(tile, de
     outs = []
     for fused_t, config in ((False, E5M2_TILE), (True, FUSED_TILES[tile])):
         bufs = [torch.full((N * V + 2 * guard,), 0x7F, dtype=torch.uint8, device=device) for _ in range(2)]
-        g8 = bufs[0][guard:guard + N * V].view(torch.float8_e5m2).view(N, V)
-        g8t = bufs[1][guard:guard + N * V].view(torch.float8_e5m2).view(V, N)
+        start = guard + offset
+        g8 = bufs[0][start:start + N * V].view(torch.float8_e5m2).view(N, V)
+        g8t = bufs[1][start:start + N * V].view(torch.float8_e5m2).view(V, N)
+        if fused_t:
+            assert _packs_words(config, N, g8t) == (config["PACKED"] and N % 4 == 0 and offset == 0)
         softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, SCALE, out=g8, out_t=g8t,
                                           config=config, fused_t=fused_t)
         for name, o, buf in (("g8", g8, bufs[0]), ("g8t", g8t, bufs[1])):
             assert not (o.view(torch.uint8) == 0x7F).any(), f"fused_t={fused_t}: {name} not fully written"
-            assert (buf[:guard] == 0x7F).all() and (buf[-guard:] == 0x7F).all(), \
+            assert (buf[:start] == 0x7F).all() and (buf[start + N * V:] == 0x7F).all(), \
                 f"fused_t={fused_t}: bytes written outside {name}"
         outs.append((g8, g8t))
     assert_same_e5m2_bytes(outs[1], outs[0])
     g8, g8t = outs[1]
     poisoned = torch.tensor([0, 5, 6, 7, 18, 19, 20])
     clean = torch.tensor([r for r in range(N) if r not in poisoned.tolist()])
+    assert len(clean) == N - 7
     assert torch.isnan(g8[poisoned].float()).all() and torch.isnan(g8t[:, poisoned].float()).all()
     assert not torch.isnan(g8[clean].float()).any() and not torch.isnan(g8t[:, clean].float()).any()
 
