@@ -629,7 +629,8 @@ def test_ce_fused_transpose_reaches_the_fp8_head_backward(monkeypatch, device):
     monkeypatch.setattr(ce_mod, "softcapped_cross_entropy_bwd_e5m2", spy)
     monkeypatch.setattr(tg, "fp8_head_support", lambda dev: (True, "forced by the test"))
     hp = tg.smoke_hyperparameters()
-    assert hp.ce_fused_transpose is False       # opt-in until timed on a GPU
+    assert hp.ce_fused_transpose is False and tg.Hyperparameters().ce_fused_transpose is False   # opt-in for now
+    assert tg.hyperparameters_from(tg.parse_args(["--ce-fused-transpose"])).ce_fused_transpose is True
     g = torch.Generator().manual_seed(5)
     N = 48
     x = torch.randn(N, hp.model_dim, generator=g).to(device, torch.bfloat16)
