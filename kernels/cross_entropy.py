@@ -45,8 +45,11 @@ dlogits to bf16, the division by the scale in bf16, then the cast), with 1/scale
 A / (C * scale). RNE_e5m2 is round to nearest, ties to even, onto e5m2's grid: 2 mantissa bits, normals from
 2^-14, subnormals the multiples of 2^-16, largest finite 57344; magnitudes from 61440 on become +-inf and NaN
 stays NaN, as torch's ``.to(torch.float8_e5m2)`` does (the two agree bit for bit on every fp32 input but NaN
-payloads). The kernel rounds by integer arithmetic on the fp32 bits, not with Triton's fp32 -> fp8 conversion
-(see ``_e5m2_bits``). g8t holds the same bytes as g8, transposed; both are fresh contiguous tensors.
+payloads). The kernels round by integer arithmetic on the fp32 bits, not with Triton's fp32 -> fp8 conversion
+(see ``_e5m2_bits``). g8t holds the same bytes as g8, transposed; both are fresh contiguous tensors. Two paths
+write them (``fused_t``), with the same fp32 expression per element (the shared ``_bwd_row_setup`` and
+``_bwd_values``), hence the same bytes: the row kernel writes g8 and a transpose pass copies it into g8t (the
+default), or one 2-D kernel writes both (opt-in until measured on a GPU: train_gpt.py --ce-fused-transpose).
 
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
@@ -63,9 +66,19 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): the tile's dx / scale
     is rounded to e5m2 (``_e5m2_bits``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
+  * ``_ce_bwd_e5m2_2d_kernel`` (the same with ``fused_t=True``): one program per tile of BLOCK_N rows x
+    BLOCK_V columns (a 1-D grid, the column tiles of a row tile consecutive). It loads the rows' m_t, 1 / S_t,
+    g_t and terms as (rows, 1) columns, computes the tile's e5m2 bytes as the row kernel does, and stores them
+    twice: into g8 as they are and, transposed (``tl.trans``), into g8t. With PACKED (N % 4 == 0) it computes the
+    tile as four interleaved row sets (rows 4i + j, j = 0..3) and packs each column's 4 bytes of rows 4i..4i+3
+    into one 32-bit word, the layout of 4 consecutive bytes of g8t, so that the transpose moves words rather
+    than bytes. The last row tile and the last column tile are masked (rows past N read row N - 1's values and
+    store nothing); the offsets are 64-bit (g8t's pass 2^31 at the speedrun's shape).
 Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
 written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes 2.47 GB,
-then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s.
+then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s (7.56 ms measured on one H200,
+2026-11-25). The 2-D kernel reads 4.95 GB and writes 2 x 2.47 GB: 9.9 GB, 2.3 ms at 4.3 TB/s; not yet measured
+on a GPU, and a first 2-D kernel of this design was slower than the row path (see E5M2_2D_CONFIG).
 Each element also costs three special-function operations in each kernel (two exp and the sigmoid's
 reciprocal), of the same order of time on H100/H200, so the kernels may end up bound by those units rather
 than by memory.
@@ -73,16 +86,17 @@ than by memory.
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
 training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
 (scales FP8_X_S, FP8_W_S) and multiplies them with ``torch._scaled_mm`` (fp32 accumulation, logits in x's
-dtype), then runs the forward kernel; the backward runs the e5m2 backward above with the caller's gradient scale
-and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logits' dtype. It needs a CUDA GPU of
-capability >= 8.9 (:func:`fp8_head_support`).
+dtype), then runs the forward kernel; the backward runs the e5m2 backward above (the path chosen by the op's
+``fused_t``) with the caller's gradient scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in
+the logits' dtype. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
 ``torch.compile(fullgraph=True)``) and :func:`fp8_head_ce`; ``python -m benchmarks --only cross_entropy``
-measures the e5m2 backward and the FP8 head's backward against the eager path they replaced. On the CPU the
-Triton interpreter is several times slower than the reference at real vocabulary sizes: there the trainer calls
-:func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
+measures the e5m2 backward (both paths, the 2-D kernel against the row path) and the FP8 head's backward
+against the eager path they replaced. On the CPU the Triton interpreter is several times slower than the
+reference at real vocabulary sizes: there the trainer calls :func:`softcapped_cross_entropy_ref`, which is
+differentiable by autograd.
 """
 import math
 from typing import Tuple
@@ -115,6 +129,32 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=2048, num_warps=8),
     dict(BLOCK_V=4096, num_warps=8),
     dict(BLOCK_V=4096, num_warps=16),
+]
+
+# The 2-D e5m2 backward (softcapped_cross_entropy_bwd_e5m2(fused_t=True)), both logits dtypes: BLOCK_N rows x
+# BLOCK_V columns per program, warps, and PACKED (transpose 32-bit words of 4 rows' bytes, when N % 4 == 0, rather
+# than single bytes). An untuned initial choice, NOT yet measured on a GPU. A first 2-D kernel of this design
+# (commit 474b963: bytes transposed, 64 x 64 or 64 x 128 tiles, 8 warps) took 10.6 ms per call at N=16384 in a
+# training profile on one H200, 4x the row kernel + transpose (2.52 ms; records/2026-11-25_WholeRegion1xH200), for
+# reasons not measured. Compiled for sm_90a on a CPU (Triton 3.9, bf16, K=3; no GPU run), a byte transpose goes
+# through shared memory one or two bytes per access (STS.U8 / STS.U16 / LDS.U8: one shared-memory instruction
+# per element, bank conflicts unknown) and a 64 x 128 tile needs 128 registers at 8 warps (180 at 4); PACKED
+# moves 32-bit words (a quarter of the shared-memory instructions) in 73 registers at 8 warps (3 CTAs per SM).
+# 64 x 128 x 8 warps: 256-byte rows of bf16 logits, 128-byte rows of g8 and 64-byte rows of g8t per tile.
+# Hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy --tune` has
+# timed E5M2_2D_TUNING_CANDIDATES against the row path on a GPU.
+E5M2_2D_CONFIG = dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True)
+# Interpreter (CPU): the cost is per program, so fewer, larger tiles (the bytes do not depend on the tile).
+E5M2_2D_INTERPRETER_CONFIG = dict(BLOCK_N=64, BLOCK_V=512, num_warps=4, PACKED=True)
+E5M2_2D_TUNING_CANDIDATES = [
+    dict(BLOCK_N=64, BLOCK_V=64, num_warps=4, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=4, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True),
+    dict(BLOCK_N=128, BLOCK_V=64, num_warps=8, PACKED=True),
+    dict(BLOCK_N=128, BLOCK_V=128, num_warps=8, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=256, num_warps=8, PACKED=True),
+    dict(BLOCK_N=64, BLOCK_V=64, num_warps=8, PACKED=False),
+    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=False),
 ]
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
@@ -215,15 +255,36 @@ def _ce_fwd_kernel(
 
 
 @triton.jit
-def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr, E5M2: tl.constexpr):
-    """One tile of dx = (g W p - g sum_k w_k [v == t_k]) * (A/C) s (1 - s), with coef = g W."""
-    c = start + cols
-    if MASKED:
-        msk = c < V
-        x = tl.load(x_row + c, mask=msk, other=0.0)
-    else:
-        x = tl.load(x_row + c)
+def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, K: tl.constexpr):
+    """What the backward needs of row(s) ``row``: m_t, 1 / S_t, g_t (NaN for a row with a bad target), the
+    coefficient g_t W_t and the MAX_K terms (target, weight; the absent ones weight 0). ``row`` is one int64 row
+    (the row kernel: scalars) or an int64 (BLOCK_N, 1) column of rows below N (the 2-D kernel: (BLOCK_N, 1)
+    columns, which broadcast against a tile's columns); the operations, hence the bits, are the same."""
+    m = tl.load(stats_ptr + row)
+    inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
+    g = tl.load(g_ptr + row * stride_g).to(tl.float32)
+    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
+    tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
+    if K > 1:
+        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
+        bad = bad | bad1
+    if K > 2:
+        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
+        bad = bad | bad2
+    if K > 3:
+        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
+        bad = bad | bad3
+    g = tl.where(bad, float("nan"), g)                     # poison the whole row, as the forward does
+    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
+    return m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3
+
+
+@triton.jit
+def _bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_C,
+                tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr):
+    """fp32 dx = (g W p - g sum_k w_k [c == t_k]) * (A/C) s (1 - s) of logits x at columns c, with coef = g W.
+    Row kernel: x, c (BLOCK_V,), the row's values scalars; 2-D kernel: x (BLOCK_N, BLOCK_V), c (1, BLOCK_V),
+    the rows' values (BLOCK_N, 1). One expression for both, so that both write the same bits."""
     z, s = _softcap(x, A, B, C)
     p = tl.exp(z - m) * inv_s
     # Target terms, compared per column (K is small; absent terms carry weight 0).
@@ -235,7 +296,20 @@ def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_ov
     if K > 3:
         hit += tl.where(c == tgt3, w3, 0.0)
     dz = coef * p - g * hit
-    dx = dz * (A_over_C * s * (1.0 - s))
+    return dz * (A_over_C * s * (1.0 - s))
+
+
+@triton.jit
+def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
+                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr, E5M2: tl.constexpr):
+    """One tile of one row: dx (``_bwd_values``) in dx_row's dtype, or with E5M2 its e5m2 bits."""
+    c = start + cols
+    if MASKED:
+        msk = c < V
+        x = tl.load(x_row + c, mask=msk, other=0.0)
+    else:
+        x = tl.load(x_row + c)
+    dx = _bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_C, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
     if E5M2:
         dx = _e5m2_bits(dx)  # A_over_C holds A / (C * scale): the e5m2 bits of dx / scale
     else:
@@ -263,23 +337,9 @@ def _ce_bwd_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
     dx_row = dx_ptr + row * V
-    m = tl.load(stats_ptr + row)
-    inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
-    g = tl.load(g_ptr + row * stride_g).to(tl.float32)
     # Up to MAX_K terms as scalars (the launcher checks K), held in registers through the tile loop.
-    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
-    tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
-    if K > 1:
-        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
-        bad = bad | bad1
-    if K > 2:
-        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
-        bad = bad | bad2
-    if K > 3:
-        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
-        bad = bad | bad3
-    g = tl.where(bad, float("nan"), g)                     # poison the whole row, as the forward does
-    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
+    m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, K)
     cols = tl.arange(0, BLOCK_V)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):
@@ -319,6 +379,94 @@ def _e5m2_bits(v):
                                                            # the sign), one quiet NaN whatever the payload
     r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return (r.to(tl.float16).to(tl.uint16, bitcast=True) >> 8).to(tl.uint8)
+
+
+@triton.jit
+def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                         rows, cols, N, V, A, B, C, A_over_Cs, K: tl.constexpr, MASKED: tl.constexpr):
+    """The e5m2 bits of dx / scale at rows (R,) x cols (BLOCK_V,) (int64), stored into g8 and returned (R, BLOCK_V)
+    uint8. Rows past N (in the last row tile) read row N - 1's values instead: computed, never stored."""
+    r = tl.minimum(rows, N - 1)[:, None]                   # (R, 1)
+    m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, K)
+    c = cols[None, :]                                      # (1, BLOCK_V)
+    x_ptrs = x_ptr + r * stride_xn + c
+    out_ptrs = out_ptr + rows[:, None] * V + c             # g8[rows, cols]
+    if MASKED:
+        msk = (rows[:, None] < N) & (c < V)
+        x = tl.load(x_ptrs, mask=msk, other=0.0)
+    else:
+        x = tl.load(x_ptrs)
+    bits = _e5m2_bits(_bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_Cs,
+                                  tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K))
+    if MASKED:
+        tl.store(out_ptrs, bits, mask=msk)
+    else:
+        tl.store(out_ptrs, bits)
+    return bits
+
+
+@triton.jit
+def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
+                         row0, col0, N, V, A, B, C, A_over_Cs, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_V: tl.constexpr, PACKED: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of dx / scale into g8 and,
+    transposed, into g8t. row0 and col0 are int64, so every offset below is (g8t's pass 2^31 at the speedrun's
+    N x V). PACKED (N % 4 == 0; out_t_ptr then points at g8t as int32 words, (V, N / 4)): the tile is computed
+    as four (BLOCK_N / 4, BLOCK_V) interleaved row sets, rows 4i + j for j = 0..3, whose bytes are packed into one
+    32-bit word per group of 4 consecutive rows (row 4i + j in byte j: little-endian, as g8t lays them out), so
+    that the transpose moves words, not bytes. Otherwise the uint8 tile itself is transposed."""
+    cols = col0 + tl.arange(0, BLOCK_V)                    # (BLOCK_V,) int64
+    if PACKED:
+        w = row0 // 4 + tl.arange(0, BLOCK_N // 4)         # g8t's word columns, (BLOCK_N / 4,) int64
+        quads = 4 * w                                      # the first of each word's 4 rows
+        words = tl.zeros((BLOCK_N // 4, BLOCK_V), dtype=tl.uint32)
+        for j in tl.static_range(4):
+            bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
+                                        out_ptr, quads + j, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+            words = words | (bits.to(tl.uint32) << (8 * j))
+        out_t_ptrs = out_t_ptr + cols[:, None] * (N // 4) + w[None, :]    # g8t words [cols, w], (BLOCK_V, BLOCK_N / 4)
+        if MASKED:                                         # N % 4 == 0: a group is all in or all out
+            tl.store(out_t_ptrs, tl.trans(words), mask=(cols[:, None] < V) & (quads[None, :] < N))
+        else:
+            tl.store(out_t_ptrs, tl.trans(words))
+    else:
+        rows = row0 + tl.arange(0, BLOCK_N)                # (BLOCK_N,) int64
+        bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
+                                    out_ptr, rows, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+        out_t_ptrs = out_t_ptr + cols[:, None] * N + rows[None, :]       # g8t[cols, rows], (BLOCK_V, BLOCK_N)
+        if MASKED:
+            tl.store(out_t_ptrs, tl.trans(bits), mask=(cols[:, None] < V) & (rows[None, :] < N))
+        else:
+            tl.store(out_t_ptrs, tl.trans(bits))
+
+
+@triton.jit
+def _ce_bwd_e5m2_2d_kernel(
+    # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
+    g_ptr, stride_g,
+    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
+    x_ptr, stride_xn, stats_ptr,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # outputs, both contiguous: g8 (N, V) as uint8, g8t (V, N) as uint8, or with PACKED as int32 (V, N / 4)
+    out_ptr, out_t_ptr,
+    # sizes, softcap constants, A / (C * scale)
+    N, V, A, B, C, A_over_Cs,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PACKED: tl.constexpr,
+):
+    # One program per tile, the column tiles of a row tile consecutive (a 1-D grid: no 65535 limit on either
+    # count): programs running together read whole rows of the logits and write whole rows of g8.
+    pid = tl.program_id(0)
+    tiles_v = tl.cdiv(V, BLOCK_V)
+    row0 = (pid // tiles_v).to(tl.int64) * BLOCK_N
+    col0 = (pid % tiles_v).to(tl.int64) * BLOCK_V
+    if (row0 + BLOCK_N <= N) & (col0 + BLOCK_V <= V):     # inside the tensor: no masks
+        _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, False)
+    else:                                                  # the last row tile and/or the last column tile
+        _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
+                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -450,13 +598,22 @@ def _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, A_over_C, K
         K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, num_warps=cfg["num_warps"])
 
 
+def _packs_words(cfg, N, out_t):
+    """Whether the 2-D kernel transposes 32-bit words of 4 rows (cfg PACKED): g8t's rows must hold whole words
+    (N % 4 == 0) and start 4-byte aligned; otherwise it transposes bytes."""
+    return bool(cfg["PACKED"]) and cfg["BLOCK_N"] >= 4 and N % 4 == 0 and out_t.data_ptr() % 4 == 0
+
+
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
-                                     config=None, transpose_config=None):
+                                     config=None, transpose_config=None, fused_t=False):
     """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding RNE_e5m2(dlogits / scale)
     (the same bytes, g8t = g8.T), with dlogits the fp32 gradient of :func:`softcapped_cross_entropy_bwd` (module
     docstring). ``scale``: the positive finite FP8 gradient scale (Python float). ``out``/``out_t``: optional
-    preallocated outputs; ``config``: the row kernel's dict(BLOCK_V=..., num_warps=...) overriding the
-    per-dtype default; ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t."""
+    preallocated outputs. ``fused_t``: False, the row kernel writes g8 and kernels.transpose copies it into g8t;
+    True, one 2-D tiled kernel writes both (the same bytes, no transpose pass). ``config``: the row kernel's
+    dict(BLOCK_V=..., num_warps=...), or with fused_t the 2-D kernel's dict(BLOCK_N=..., BLOCK_V=...,
+    num_warps=..., PACKED=...) (powers of two; PACKED applies where N % 4 == 0), overriding the default;
+    ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t (row kernel path only)."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
     _check_grad(grad, N, dev)
@@ -465,6 +622,9 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         raise TypeError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
+    if fused_t and transpose_config is not None:
+        raise ValueError("softcapped_cross_entropy: transpose_config is for the row kernel's transpose pass; "
+                         "with fused_t=True there is none")
     A_over_Cs = float(A) / C / scale                       # one fp32 constant for A / C and 1 / scale
     if not abs(A_over_Cs) <= torch.finfo(torch.float32).max:
         raise ValueError(f"softcapped_cross_entropy: scale={scale!r} is too small: A / (C * scale) overflows fp32")
@@ -482,6 +642,17 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
     if overlaps(out, out_t):
         raise ValueError("softcapped_cross_entropy: out and out_t must not overlap in memory")
     if N == 0:
+        return out, out_t
+    if fused_t:
+        cfg = config if config is not None else (
+            E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
+        BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
+        packed = _packs_words(cfg, N, out_t)
+        _ce_bwd_e5m2_2d_kernel[(triton.cdiv(N, BLOCK_N) * triton.cdiv(V, BLOCK_V),)](
+            grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights,
+            out.view(torch.uint8), out_t.view(torch.int32 if packed else torch.uint8),
+            N, V, float(A), float(B), float(C), A_over_Cs,
+            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, num_warps=cfg["num_warps"])
         return out, out_t
     _launch_bwd(grad, logits, stats, targets, weights, out.view(torch.uint8), A, B, C, A_over_Cs, K,
                 _config(logits, config), True)
@@ -547,12 +718,13 @@ def softcapped_cross_entropy(logits, targets, weights, A, B, C):
 # ---------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
 def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
-                w_s: float, grad_s: float, A: float, B: float,
-                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                w_s: float, grad_s: float, A: float, B: float, C: float,
+                fused_t: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
     multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
     accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
-    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T."""
+    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T. ``fused_t``
+    only chooses the backward's e5m2 kernel (:func:`fp8_head_ce_bwd`)."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
@@ -563,7 +735,7 @@ def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights
 
 
 @fp8_head_ce.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
+def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C, fused_t):
     N, V = x.shape[0], w.shape[1]
     return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
             x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
@@ -572,12 +744,14 @@ def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
 @torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
 def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
                     weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) of fp8_head_ce. The CE backward kernel writes the logits' gradient as e5m2 (dlogits / grad_s,
-    g8 (N, V)) and kernels.transpose its transpose (g8t (V, N)): the two layouts the FP8 matmuls need, with no
-    bf16 gradient in between. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
+                    A: float, B: float, C: float, fused_t: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of fp8_head_ce. The CE backward writes the logits' gradient as e5m2 (dlogits / grad_s) in the
+    two layouts the FP8 matmuls need, g8 (N, V) and g8t (V, N), with no bf16 gradient in between: with
+    ``fused_t`` one 2-D kernel writes both, else the row kernel writes g8 and kernels.transpose copies it into g8t
+    (the same bytes either way). dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
     accumulation (no fast accumulation in the backward, as in the record)."""
-    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s,
+                                                fused_t=fused_t)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
     dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
     dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
@@ -585,7 +759,7 @@ def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tenso
 
 
 @fp8_head_ce_bwd.register_fake
-def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
+def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C, fused_t):
     return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
 
 
@@ -598,7 +772,7 @@ def _fp8_head_ce_setup(ctx, inputs, output):
 
 def _fp8_head_ce_backward(ctx, grad_losses, *_):
     dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 8
+    return (dx, dw) + (None,) * 9          # targets, weights, x_s, w_s, grad_s, A, B, C, fused_t
 
 
 fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)

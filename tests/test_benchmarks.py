@@ -1,8 +1,11 @@
 """The benchmark package: the driver (``python -m benchmarks``) finds every family and parses its flags on any
-machine, refuses to time without a GPU, and (GPU) every case's own check passes."""
+machine, refuses to time without a GPU, and (GPU) every case's own check passes. The FP8 head's cases of the
+cross-entropy family (the two e5m2 backward paths, their tuning candidates) also run at a small shape on any
+machine (CPU: Triton's interpreter)."""
 import importlib
 
 import pytest
+import torch
 
 from benchmarks import families
 from benchmarks.__main__ import main
@@ -48,3 +51,23 @@ def test_bench_case_checks(name):
     for case in importlib.import_module(f"benchmarks.{name}").bench_cases("cuda", tune=True):
         if case.get("check") is not None:
             case["check"]()
+
+
+def test_cross_entropy_fp8_cases_run_at_a_small_shape(device):
+    """benchmarks/cross_entropy.py's FP8 head cases with --tune at N = 16 and 32 rows of V = 200 columns: every
+    case (the row kernel + transpose, the 2-D kernel, each tuning candidate, the whole FP8 head backward) and every
+    baseline runs, and the 2-D kernel's own check (its bytes against the row path's) passes at a small shape."""
+    from benchmarks import cross_entropy as bench
+    gen = torch.Generator().manual_seed(0)
+    N, V = 32, 200
+    x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
+    targets = torch.randint(0, V, (N,), generator=gen).to(device)
+    cases = bench.fp8_head_cases(x, targets, torch.empty_like(x), device, row_counts=(16, N), tune=True)
+    ops = [c["op"] for c in cases]
+    assert ops.count("softcapped_ce_bwd_e5m2") == ops.count("softcapped_ce_bwd_e5m2_2d") == 4   # 2 N x 2 K
+    assert sum(op.startswith("softcapped_ce_bwd_e5m2_2d[") for op in ops) == len(bench.E5M2_2D_TUNING_CANDIDATES)
+    for case in cases:
+        case["fn"]()
+        for baseline in case["baselines"].values():
+            baseline()
+    bench._check_e5m2_2d(device, N=24, V=300)
