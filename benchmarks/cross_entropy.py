@@ -60,18 +60,23 @@ def _check(device):
     torch.testing.assert_close(xa.grad, xb.grad)
 
 
-def _check_e5m2(device):
-    """On 512 rows of the real vocabulary: g8t is g8 transposed byte for byte, and g8 is torch's e5m2 rounding
-    of the fp32 backward / scale except, rarely, one step apart (the kernel folds 1/scale into a constant, so
-    values within fp32 error of a rounding midpoint may round the other way)."""
-    gen = torch.Generator().manual_seed(2)
-    N, V = 512, 50304
+def _e5m2_inputs(device, N, V, seed):
+    """bf16 logits (N, V) shaped like the head's, targets, the MTP weights, the mean's gradient, the FP8 gradient
+    scale and the forward's stats: the e5m2 checks' inputs."""
+    gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
     t = torch.randint(0, V, (N,), generator=gen).to(device)
     w = torch.tensor(MTP_WEIGHTS, device=device)
     grad = torch.full((N,), 1.0 / N, device=device)
-    scale = FP8_GRAD_S / N
     _, stats = softcapped_cross_entropy_fwd(x, t, w, *SOFTCAP)
+    return x, t, w, grad, FP8_GRAD_S / N, stats
+
+
+def _check_e5m2(device):
+    """On 512 rows of the real vocabulary: g8t is g8 transposed byte for byte, and g8 is torch's e5m2 rounding
+    of the fp32 backward / scale except, rarely, one step apart (the kernel folds 1/scale into a constant, so
+    values within fp32 error of a rounding midpoint may round the other way)."""
+    x, t, w, grad, scale, stats = _e5m2_inputs(device, 512, 50304, seed=2)
     g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale)
     assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).T), "g8t is not g8.T"
     ref = (softcapped_cross_entropy_bwd(grad, x.float(), stats, t, w, *SOFTCAP) / scale).to(torch.float8_e5m2)
@@ -86,13 +91,7 @@ def _check_e5m2_2d(device, N=512, V=50304):
     """On N rows of V columns (default: 512 of the real vocabulary, bf16, the default launch configurations):
     the 2-D kernel's g8 and g8t are the row kernel + transpose's, byte for byte (the same fp32 expression per
     element). Also runs on the CPU (Triton's interpreter) at small N, V."""
-    gen = torch.Generator().manual_seed(5)
-    x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
-    t = torch.randint(0, V, (N,), generator=gen).to(device)
-    w = torch.tensor(MTP_WEIGHTS, device=device)
-    grad = torch.full((N,), 1.0 / N, device=device)
-    scale = FP8_GRAD_S / N
-    _, stats = softcapped_cross_entropy_fwd(x, t, w, *SOFTCAP)
+    x, t, w, grad, scale, stats = _e5m2_inputs(device, N, V, seed=5)
     want = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale)
     got = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale, fused_t=True)
     for name, g, r in zip(("g8", "g8t"), got, want):
