@@ -170,18 +170,19 @@ GPU_STEPS, GPU_RESUME_AT = 40, 16  # the resumed part crosses stage 1's start (1
 
 @pytest.fixture(scope="module")
 def gpu_runs(shared_build):
-    """Three runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
+    """Four runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
     through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
     and the untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
-    (16) steps and at step 40; then, side by side, run "b" (the same command again) and run "resumed" (--resume a's
-    step-16 checkpoint, steps 17 to 40). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
+    (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
+    step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the opt-in kernels on:
+    --embed-grad-to-acc --ce-fused-transpose). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
     session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns
     {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
-    for run in ("a", "b", "resumed"):
+    for run in ("a", "b", "resumed", "opt_in"):
         text, steps, vals = _parse(d / "logs" / f"{run}.txt")
         assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
         out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
@@ -211,8 +212,10 @@ def _gpu_runs(d):
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
+    opt_in = start("opt_in", "--embed-grad-to-acc", "--ce-fused-transpose")
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
+    _finish(opt_in, None, timeout=900)
 
 
 @on_gpu_runs
@@ -229,6 +232,25 @@ def test_deterministic_gpu(gpu_runs):
     pb = torch.load(cb, weights_only=False)["params"]
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"final {k} differs between two --deterministic runs"
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="the opt-in kernels are CUDA paths (the CPU uses torch's embedding and "
+                                         "no FP8 head); tests/test_embedding.py and test_cross_entropy.py check "
+                                         "their bits in the interpreter")
+def test_opt_in_kernels_change_no_bit_gpu(gpu_runs):
+    """--embed-grad-to-acc (the embedding backward adds into the optimizer's accumulators) and --ce-fused-transpose
+    (the FP8 head's e5m2 gradient in both layouts from one kernel) promise the default path's bits: run "opt_in"
+    against run "a" (gpu_runs), both --deterministic, 40 steps across the untie and both batch-size stages:
+    bitwise-identical train and val losses in every line, final weights and optimizer state. Both paths ran: the
+    log names the FP8 head (the fused transpose is its backward) and the flags."""
+    (_, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
+    hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
+    assert hp["embed_grad_to_acc"] and hp["ce_fused_transpose"], "the flags did not reach the run"
+    assert "lm_head_matmul: fp8" in text, "the FP8 head did not run: the fused transpose was not exercised"
+    assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
+    assert so == sa and vo == va, "loss lines differ with the opt-in kernels"
+    _assert_same_checkpoint(ca, co, what="with the opt-in kernels")
 
 
 @on_gpu_runs
