@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from kernels.cross_entropy import (E5M2_2D_TUNING_CANDIDATES, FP8_GRAD_S, FP8_W_S, FP8_X_S, TUNING_CANDIDATES,
                                    softcapped_cross_entropy, softcapped_cross_entropy_bwd,
                                    softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd)
+from kernels.transpose import transpose_copy
 
 SOFTCAP = (23.0, 5.0, 7.5)          # (A, B, C) as train_gpt.py uses them
 MTP_WEIGHTS = [1.0, 0.5, 0.25]      # K = 3 multi-token weights (values do not change the cost)
@@ -125,15 +126,16 @@ def _check_fp8_head(device):
 
 
 def _fp8_head_fn(grad, x, stats, targets, weights, x8, w8, g8, g8t, grad_s):
-    """The FP8 head backward (kernels.cross_entropy.fp8_head_ce_bwd's work, into preallocated g8 and g8t): e5m2
-    kernel into (g8, g8t), then dx = g8 @ w8^T, dW = x8^T @ g8t."""
+    """The FP8 head backward (kernels.cross_entropy.fp8_head_ce_bwd's work, into preallocated g8, g8t and x8t):
+    e5m2 kernel into (g8, g8t), x8^T by kernels.transpose, then dx = g8 @ w8^T, dW = x8^T @ g8t."""
     one = torch.ones((), dtype=torch.float32, device=x.device)
     s_g, s_w, s_x = one * grad_s, one * FP8_W_S, one * FP8_X_S
+    x8t = torch.empty((x8.shape[1], x8.shape[0]), dtype=x8.dtype, device=x8.device)
 
     def run():
         softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, grad_s, out=g8, out_t=g8t)
         dx = torch._scaled_mm(g8, w8.T, scale_a=s_g, scale_b=s_w, out_dtype=torch.bfloat16)
-        dW = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=s_x, scale_b=s_g, out_dtype=torch.bfloat16)
+        dW = torch._scaled_mm(transpose_copy(x8, x8t), g8t.T, scale_a=s_x, scale_b=s_g, out_dtype=torch.bfloat16)
         return dx, dW
     return run
 

@@ -88,7 +88,8 @@ training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts 
 (scales FP8_X_S, FP8_W_S) and multiplies them with ``torch._scaled_mm`` (fp32 accumulation, logits in x's
 dtype), then runs the forward kernel; the backward runs the e5m2 backward above (the path chosen by the op's
 ``fused_t``) with the caller's gradient scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in
-the logits' dtype. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
+the logits' dtype. The two e4m3 operands torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T
+in the backward) are copied by kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
@@ -723,12 +724,12 @@ def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights
     """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
     multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
     accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
-    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8.T.contiguous().T. ``fused_t``
-    only chooses the backward's e5m2 kernel (:func:`fp8_head_ce_bwd`)."""
+    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8's transpose, copied by
+    kernels.transpose (_transposed). ``fused_t`` only chooses the backward's e5m2 kernel (:func:`fp8_head_ce_bwd`)."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
-    logits = torch._scaled_mm(x8, w8.T.contiguous().T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
+    logits = torch._scaled_mm(x8, _transposed(w8).T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
                               use_fast_accum=True)
     losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
     return losses, logits, stats, x8, w8
@@ -754,8 +755,16 @@ def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tenso
                                                 fused_t=fused_t)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
     dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
-    dw = torch._scaled_mm(x8.T.contiguous(), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
+    dw = torch._scaled_mm(_transposed(x8), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
     return dx, dw
+
+
+def _transposed(t8):
+    """A fresh contiguous copy of the 2-D FP8 tensor t8's transpose, by kernels.transpose (the same bytes as
+    ``t8.T.contiguous()``, whose copy kernel moves one byte per thread: 257 us for the head's 768 x 50304 e4m3
+    weight on an H200 (profile of 2026-11-25), ~7% of the memory bandwidth)."""
+    out = torch.empty((t8.shape[1], t8.shape[0]), dtype=t8.dtype, device=t8.device)
+    return transpose_copy(t8, out)
 
 
 @fp8_head_ce_bwd.register_fake
