@@ -15,7 +15,8 @@ Math (src is (M, N), dst is (N, M), any strides on both):
 Dtype policy:
 - ``transpose_copy``: float8 (e5m2, e4m3fn), bf16, fp16, fp32; src and dst of the same dtype. The data is
   moved as raw integers of the same width (int8 / int16 / int32 views), so every bit pattern (NaN
-  payloads, negative zero) survives. The FP8 head's backward transposes its e5m2 gradient with it.
+  payloads, negative zero) survives. The FP8 head (kernels/cross_entropy.py) transposes its e5m2 gradient and
+  its two e4m3 operands with it.
 - ``transpose_add``: bf16, fp16, fp32; src and dst of the same dtype. The addend is never rounded before
   the add: both values are widened to fp32, added once in fp32 (exact IEEE add, as torch does), and the sum
   is rounded once to nearest-even. This is bit for bit ``(dst.float() + src.T.float()).to(dtype)``, which
@@ -49,8 +50,8 @@ ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # enough bytes in flight. 2-byte entry tuned on one H200 (2026-11-22, `python -m benchmarks --only
 # transpose --tune`, bf16 768x50304: 128x128w8 42.3 us copy / 61.0 us add, against 54.9 / 63.2 us for 64x64w4);
 # the 4-byte entry is an initial choice, not yet tuned on the device.
-# The 1-byte entry (the FP8 head's e5m2 gradient, kernels/cross_entropy.py) is an initial choice: 128-byte
-# rows on both sides, 16 KB tiles; not yet tuned.
+# The 1-byte entry (the FP8 head's e5m2 gradient and e4m3 operands, kernels/cross_entropy.py) is an initial
+# choice: 128-byte rows on both sides, 16 KB tiles; not yet tuned.
 _TRANSPOSE_CONFIG = {1: (128, 128, 8), 2: (128, 128, 8), 4: (64, 64, 8)}
 # When src and dst are contiguous along the same dimension (e.g. dst is itself a transposed view, so the
 # operation is a plain strided copy), a long thin tile gives 512-byte runs on both sides.
