@@ -11,7 +11,8 @@ import pkgutil
 import torch
 
 # Short dtype names for the benchmark table.
-DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "e4m3",
+              torch.float8_e5m2: "e5m2"}
 
 
 def families():

@@ -47,13 +47,17 @@ def _case(op, M, N, dtype, device, config=None, suffix=""):
 
 
 def bench_cases(device, tune=False):
-    """Speedrun shapes: the (768, 50304) LM head and the (50304, 768) embedding, both directions."""
+    """Speedrun shapes: the (768, 50304) LM head and the (50304, 768) embedding, both directions; the FP8 head's
+    e4m3 operands (kernels/cross_entropy.py): w8 (768, 50304) in the forward, x8 (49152, 768) at stage 2's
+    micro-batch in the backward, copied (the torch baseline is their former ``.T.contiguous()``)."""
     V, C = 50304, 768
     cases = []
     for op in ("transpose_copy", "transpose_add"):
         cases.append(_case(op, C, V, torch.bfloat16, device))
         cases.append(_case(op, V, C, torch.bfloat16, device))
         cases.append(_case(op, C, V, torch.float32, device))
+    for M, N in ((C, V), (49152, C)):
+        cases.append(_case("transpose_copy", M, N, torch.float8_e4m3fn, device))
     if tune:
         for op in ("transpose_copy", "transpose_add"):
             for bm, bn, warps in TUNING_CANDIDATES:

@@ -71,3 +71,14 @@ def test_cross_entropy_fp8_cases_run_at_a_small_shape(device):
         for baseline in case["baselines"].values():
             baseline()
     bench._check_e5m2_2d(device, N=24, V=300)
+
+
+def test_transpose_fp8_case_runs_at_a_small_shape(device):
+    """benchmarks/transpose.py's e4m3 case (the FP8 head's operands) at 40 x 72: the kernel, its check (bytes
+    against the reference) and the eager torch baseline run on any machine (CPU: Triton's interpreter)."""
+    from benchmarks import transpose as bench
+    case = bench._case("transpose_copy", 40, 72, torch.float8_e4m3fn, device)
+    assert (case["dtype"], case["bytes"]) == ("e4m3", 2 * 40 * 72)
+    case["check"]()
+    case["fn"]()
+    case["baselines"]["torch"]()
