@@ -90,11 +90,12 @@ ends, the embedding tables after their own backward kernels; the others in the o
 --embed-grad-to-acc (CUDA; off by default, opt-in until timed on a GPU) the embedding backward kernels add the
 rows the batch touches straight into the three tables' accumulators (kernels.embedding's accumulate mode: the
 same bits as the dense gradient's fold, without writing, reading and adding ~425M mostly-zero elements per
-micro-step), and the tables' reduce-scatters start in the optimizer step. Then per shard: Muon for the two
-banks (kernels.momentum.nesterov_momentum -> kernels.polar_express.polar_express(normalized=True) ->
-kernels.normuon.normuon_update: NorMuon row/column normalisation, cautious weight decay on an fp32 master, bf16
-cast) and fused AdamW with fp32 masters and cautious weight decay
-(kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the updated shards are
+micro-step), and the tables' reduce-scatters start in the optimizer step (the log's `embedding_backward:` line
+says which path ran). Then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
+kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
+normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
+cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the
+updated shards are
 all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are reduced and updated
 only every `adam_every` steps, on the gradients summed since their last update. While tied,
 kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
@@ -1045,6 +1046,7 @@ class ModelFns:
     val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
     embed_accs: bool = False  # training lookups add into the optimizer's accumulators (hp.embed_grad_to_acc, CUDA)
+    embed_path: str = ""  # where the embedding tables' gradients go (logged)
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
@@ -1061,8 +1063,13 @@ def build_fns(hp, device, compile_model, attention="auto"):
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
     fp8 = hp.fp8_head and ok
-    head_path = (f"fp8 ({why})" if fp8 else
-                 f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})")
+    if fp8:
+        e5m2 = "one 2-D kernel, both layouts (--ce-fused-transpose)" if hp.ce_fused_transpose else \
+            "row kernel + transpose copy"
+        head_path = f"fp8 ({why}); e5m2 gradient: {e5m2}"
+    else:
+        head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})" + \
+            ("; --ce-fused-transpose unused (no FP8 head)" if hp.ce_fused_transpose else "")
     layers = make_layers(hp, attend)
 
     def loss(x, w, t, wk):
@@ -1084,7 +1091,10 @@ def build_fns(hp, device, compile_model, attention="auto"):
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
-    return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs)
+    embed_path = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
+                  "dense gradient, folded into the optimizer's fp32 accumulators"
+                  + ("; --embed-grad-to-acc unused (CUDA only)" if hp.embed_grad_to_acc else ""))
+    return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path)
 
 
 def region_cu(hp, ids, cu):
@@ -2032,6 +2042,7 @@ def train(hp, args, d, train_files, val_files, log, ckpt_dir):
     cache = open_compile_cache(args.compile_cache, hp.compile, d, log)
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
+    log(f"embedding_backward: {trainer.fns.embed_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
     compile_warmup(trainer, log, cache)

@@ -476,6 +476,8 @@ def test_fp8_head_falls_back_to_the_same_math_on_cpu():
     on, off = (tg.build_fns(dataclasses.replace(hp, fp8_head=f), torch.device("cpu"), compile_model=False)
                for f in (True, False))
     assert on.head_path == "float32 (no FP8 matmul on cpu)" and off.head_path == "float32 (--no-fp8-head)"
+    unused = tg.build_fns(dataclasses.replace(hp, ce_fused_transpose=True), torch.device("cpu"), compile_model=False)
+    assert unused.head_path == "float32 (no FP8 matmul on cpu); --ce-fused-transpose unused (no FP8 head)"
     g = torch.Generator().manual_seed(2)
     x = torch.randn(128, hp.model_dim, generator=g)
     w = (torch.randn(hp.model_dim, 512, generator=g) * 0.05).requires_grad_()
@@ -640,7 +642,8 @@ def test_ce_fused_transpose_reaches_the_fp8_head_backward(monkeypatch, device):
     results = []
     for fused in (False, True):
         fns = tg.build_fns(dataclasses.replace(hp, ce_fused_transpose=fused), torch.device(device), compile_model=False)
-        assert fns.head_path == "fp8 (forced by the test)"
+        assert fns.head_path == "fp8 (forced by the test); e5m2 gradient: " + (
+            "one 2-D kernel, both layouts (--ce-fused-transpose)" if fused else "row kernel + transpose copy")
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         loss = fns.loss(xg, wg, t, wk)
         results.append((loss.detach(), *torch.autograd.grad(loss, (xg, wg))))

@@ -119,7 +119,8 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     first, last = float(vals[0]), float(vals[T])
     assert first > math.log(hp.vocab_size) - 0.5, "untrained loss should be near ln(vocab)"
     assert first - last > 1.5, f"val loss fell only from {first} to {last}"
-    for key in ("tokens_per_s_per_gpu:", "mfu:", "compile_warmup_s:", "stage_step_avg:", "val_tokens_used:"):
+    for key in ("tokens_per_s_per_gpu:", "mfu:", "compile_warmup_s:", "stage_step_avg:", "val_tokens_used:",
+                "lm_head_matmul: ", "embedding_backward: dense gradient"):
         assert key in sections[2]
     assert sections[2].startswith(f"log_file: {log_path}\ncheckpoint_dir: {ckpt_dir}\n")
     assert "run_failed" not in sections[2]
@@ -247,7 +248,8 @@ def test_opt_in_kernels_change_no_bit_gpu(gpu_runs):
     (_, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["embed_grad_to_acc"] and hp["ce_fused_transpose"], "the flags did not reach the run"
-    assert "lm_head_matmul: fp8" in text, "the FP8 head did not run: the fused transpose was not exercised"
+    assert re.search(r"^lm_head_matmul: fp8 .*one 2-D kernel", text, re.M), "the fused transpose did not run"
+    assert "embedding_backward: added into the optimizer's fp32 accumulators" in text, "the accumulate mode did not run"
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
     assert so == sa and vo == va, "loss lines differ with the opt-in kernels"
     _assert_same_checkpoint(ca, co, what="with the opt-in kernels")
@@ -637,6 +639,7 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
         tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), tg.Dist(device=torch.device(device)),
                         tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
         assert tr.fns.embed_accs == (on and device == "cuda")
+        assert tr.fns.embed_path.startswith("added into" if on and device == "cuda" else "dense gradient")
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
         next_step = tr.loader.next
         tr.loader.next = lambda next_step=next_step: next_step()[:2]
