@@ -95,9 +95,8 @@ says which path ran). Then per shard: Muon for the two banks (kernels.momentum.n
 kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
 normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
 cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the
-updated shards are
-all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are reduced and updated
-only every `adam_every` steps, on the gradients summed since their last update. While tied,
+updated shards are all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are
+reduced and updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
 kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
 kernels.transpose.transpose_copy writes the head back into the embedding.
 
