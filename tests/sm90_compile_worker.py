@@ -1,0 +1,167 @@
+"""Compiles the Triton kernels of one kernel family for an H100/H200 (sm_90a) on a machine without a GPU.
+
+``python tests/sm90_compile_worker.py FAMILY`` (run by tests/test_sm90_compile.py; TRITON_INTERPRET must be unset,
+so that ``@triton.jit`` makes real JIT functions): calls the family's launchers the way train_gpt.py does, with
+the launch configurations the GPU uses, on small CPU tensors. Nothing is launched: ``JITFunction.run`` is
+replaced by a recorder, and each launcher's device check is waived. Every distinct launch (kernel, argument
+types, constexpr values, launch options) is then compiled with ``triton.compile`` for target ("cuda", 90): Triton
+to TTIR, TTGIR, LLVM IR, PTX, and ptxas to a cubin. Prints a JSON line {"defined": the family module's kernels (its
+``*_kernel`` JIT functions)}, then one per launch: {"kernel", "signature", "constexprs", "options", "ok", "error"}
+(error: the compiler's last lines).
+
+Why: the CPU tests run the kernels in Triton's interpreter, which accepts programs the GPU compiler rejects
+(and the reverse); this catches the GPU compiler's errors in CI. Argument types are mapped as Triton's launcher
+maps them (tensors: typed pointers; ints: i32, or i64 beyond int32; floats: fp32; bools: i1), without its
+specialisations (16-byte divisibility, integers equal to 1), which change the code, not whether it compiles.
+"""
+import json
+import sys
+import traceback
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+TARGET = GPUTarget("cuda", 90, 32)
+_PTR = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32",
+        torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1", torch.float8_e5m2: "fp8e5",
+        torch.float8_e4m3fn: "fp8e4nv"}
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg")
+
+
+def _type_of(value):
+    if isinstance(value, torch.Tensor):
+        return "*" + _PTR[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for a {type(value).__name__} argument")
+
+
+def record_launches():
+    """Replace JITFunction.run by a recorder; returns the list it fills with (kernel, signature, constexprs,
+    options) for each launch."""
+    launches = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTIONS}
+        bound = dict(zip(self.arg_names, args)) | kwargs
+        signature, constexprs = {}, {}
+        for i, name in enumerate(self.arg_names):
+            value = bound[name]
+            if i in self.constexprs or value is None:
+                signature[name] = "constexpr"
+                constexprs[name] = value
+            else:
+                signature[name] = _type_of(value)
+        launches.append((self, signature, constexprs, options))
+
+    JITFunction.run = run
+    return launches
+
+
+def waive_device_checks():
+    """The launchers refuse CPU tensors outside the interpreter; here they only build arguments."""
+    import kernels
+    import kernels._checks as checks
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith(kernels.__name__ + ".") and hasattr(mod, "check_kernel_device"):
+            mod.check_kernel_device = lambda name, device: None
+    checks.check_kernel_device = lambda name, device: None
+
+
+def call_family(family):
+    """The launches train_gpt.py makes with this family's kernels (GPU dtypes and configurations), at small
+    shapes: an aligned one (unmasked paths) and, where the kernel has masked tails, a ragged one."""
+    g = torch.Generator().manual_seed(0)
+    bf16 = torch.bfloat16
+    if family == "adam":
+        from kernels.adam import fused_adamw_multi_step
+        for dtype, master in ((bf16, True), (torch.float32, False)):   # the head/embeddings; gates and scalars
+            shapes = [(1024,), (77, 5)]
+            params = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+            grads = [torch.randn(s, generator=g) for s in shapes]
+            moments = [[torch.zeros(s) for s in shapes] for _ in range(2)]
+            masters = [p.float() for p in params] if master else [None] * len(params)
+            hps = [dict(lr=1e-3 * (i + 1), beta1=0.9, beta2=0.95, eps=1e-10, weight_decay=0.0, step=1)
+                   for i in range(len(shapes))]
+            fused_adamw_multi_step(params, grads, *moments, masters, hps, cautious_wd=True)
+    elif family == "cross_entropy":
+        import kernels.cross_entropy as ce
+        for N, V in ((128, 4096), (37, 1000)):
+            x = torch.randn(N, V, generator=g).to(bf16)
+            t = torch.randint(0, V, (N,), generator=g)
+            w = torch.tensor([1.0, 0.5, 0.25])
+            cfg = ce.DEFAULT_CONFIG[bf16]
+            losses, stats = ce.softcapped_cross_entropy_fwd(x, t, w, 23.0, 5.0, 7.5, config=cfg)
+            grad = torch.full((N,), 1.0 / N)
+            ce.softcapped_cross_entropy_bwd(grad, x, stats, t, w, 23.0, 5.0, 7.5, config=cfg)
+            ce.softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, 23.0, 5.0, 7.5, 2.0 ** -20, config=cfg)
+            for packed in (True, False):
+                ce.softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, 23.0, 5.0, 7.5, 2.0 ** -20, fused_t=True,
+                                                     config=dict(ce.E5M2_2D_CONFIG, PACKED=packed))
+    elif family == "embedding":
+        import kernels.embedding as emb
+        for N, V, C in ((1024, 512, 768), (999, 300, 100)):
+            ids = torch.randint(0, V, (N,), generator=g)
+            grad = torch.randn(N, C, generator=g).to(bf16)
+            prep = emb.prepare_ids(ids, V)
+            emb.embedding_backward(grad, ids, V, prep=prep, config=emb.DEFAULT_CONFIG)
+            emb.embedding_backward_accumulate(grad, ids, torch.zeros(V, C), prep=prep, config=emb.DEFAULT_CONFIG)
+    elif family == "momentum":
+        from kernels.momentum import nesterov_momentum
+        for shape in ((4, 768, 768), (3, 100, 70)):
+            nesterov_momentum(torch.randn(shape, generator=g), torch.zeros(shape), 0.95)
+    elif family == "normuon":
+        from kernels.normuon import normuon_update
+        for (k, M, N) in ((4, 3072, 768), (3, 100, 70)):
+            o = torch.randn(k, M, N, generator=g).to(bf16)
+            v2 = torch.zeros((k, M, 1) if M >= N else (k, 1, N))
+            master = torch.randn(k, M, N, generator=g)
+            normuon_update(o, v2, master, torch.ones(k), torch.empty(k, M, N, dtype=bf16), lr=0.02, beta2=0.95,
+                           wd=0.01)
+    elif family == "polar_express":
+        from kernels.polar_express import polar_express
+        for shape in ((24, 768, 768), (4, 3072, 768), (3, 100, 70)):
+            polar_express(torch.randn(shape, generator=g).to(bf16), normalized=True, plans=False)
+        polar_express(torch.randn(3, 100, 70, generator=g).to(bf16), plans=False)   # normalises itself
+    elif family == "transpose":
+        from kernels.transpose import transpose_add, transpose_copy
+        for M, N in ((768, 1024), (100, 70)):
+            for dtype in (bf16, torch.float8_e5m2, torch.float8_e4m3fn):
+                src = torch.randn(M, N, generator=g).to(dtype)
+                transpose_copy(src, torch.empty(N, M, dtype=dtype))
+            transpose_add(torch.randn(M, N, generator=g).to(bf16), torch.zeros(N, M, dtype=bf16))
+    else:
+        raise SystemExit(f"unknown family {family!r}")
+
+
+def main(family):
+    launches = record_launches()
+    waive_device_checks()
+    call_family(family)
+    module = sys.modules[f"kernels.{family}"]
+    defined = sorted(n for n, v in vars(module).items() if isinstance(v, JITFunction) and n.endswith("_kernel"))
+    print(json.dumps(dict(defined=defined)), flush=True)
+    seen = set()
+    for fn, signature, constexprs, options in launches:
+        key = (fn.__name__, json.dumps(signature), repr(sorted(constexprs.items())), repr(sorted(options.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        row = dict(kernel=fn.__name__, signature=signature, constexprs={k: repr(v) for k, v in constexprs.items()},
+                   options=options, ok=True, error="")
+        try:
+            triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
+        except Exception:  # noqa: BLE001 - reported, the test fails on it
+            row.update(ok=False, error="".join(traceback.format_exc().splitlines(True)[-12:]))
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
