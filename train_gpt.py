@@ -1244,6 +1244,7 @@ class Optimizer:
         self.hp, self.d = hp, d
         self.k = step_kernels(d.device)
         self.groups = {n: Group(n, params[n], d) for n in PARAMS}
+        self._embedding_accs = None  # embedding_accs(), made on first use
         self.tied = True
         self.pending = False  # the slow groups' accumulators hold gradients of skipped steps
         # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
@@ -1267,12 +1268,16 @@ class Optimizer:
     def embedding_accs(self):
         """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
         embed (V, C), value_embeds one (V, C) per table (rows of the stacked buffer), bigram_embed (rows, C); the
-        padding rows are left out. Views, taken afresh each micro-step: the accumulators change only in place."""
-        hp, g = self.hp, self.groups
-        ve = g["value_embeds"]
-        return {"embed": g["embed"].acc[:g["embed"].rows],
+        padding rows are left out. Made once and reused every micro-step (no view ops on the hot path): the
+        accumulators are only ever changed in place (folds, zero_, load_state_dict's copy_)."""
+        if self._embedding_accs is None:
+            hp, g = self.hp, self.groups
+            ve = g["value_embeds"]
+            self._embedding_accs = {
+                "embed": g["embed"].acc[:g["embed"].rows],
                 "value_embeds": ve.acc[:ve.rows].view(hp.num_ve, hp.vocab_size, hp.model_dim).unbind(0),
                 "bigram_embed": g["bigram_embed"].acc[:g["bigram_embed"].rows]}
+        return self._embedding_accs
 
     @staticmethod
     def _fold(g):

@@ -615,6 +615,51 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         assert not a.groups[k].acc.any()
 
 
+def test_embedding_accs_stay_the_accumulators(device):
+    """Optimizer.embedding_accs() is made once and reused every micro-step, so its views must keep pointing at
+    the accumulators themselves through reset(), untie(), a step and load_state_dict() (which copies into them):
+    an accumulator replaced by a new tensor would leave the lookups adding into a stale buffer."""
+    hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0))
+    params = tg.init_params(hp, torch.device(device), seed=0)
+    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+    accs = opt.embedding_accs()
+
+    def check(when):
+        g = opt.groups
+        assert opt.embedding_accs() is accs, when
+        for name in ("embed", "bigram_embed"):
+            a = accs[name]
+            assert a.data_ptr() == g[name].acc.data_ptr() and a.shape == (g[name].rows, hp.model_dim), (when, name)
+        ve = g["value_embeds"].acc
+        for i, a in enumerate(accs["value_embeds"]):
+            assert a.data_ptr() == ve[i * hp.vocab_size].data_ptr() and a.shape == (hp.vocab_size, hp.model_dim)
+        for name in ("embed", "value_embeds", "bigram_embed"):  # writes through the views reach the buffers
+            g[name].acc.zero_()
+        accs["embed"][3].fill_(1.0)
+        accs["value_embeds"][-1][5].fill_(2.0)
+        assert g["embed"].acc[3].eq(1.0).all(), when
+        assert g["value_embeds"].acc[(hp.num_ve - 1) * hp.vocab_size + 5].eq(2.0).all(), when
+
+    def step(slow):
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        opt.accumulate()
+        opt.step(0, 1.0, 0.9, slow=slow)
+
+    check("new")
+    step(slow=False)  # the slow groups' accumulators pending: part of the state
+    sd = opt.state_dict()
+    assert set(sd["acc"]) >= {"embed", "value_embeds", "bigram_embed"}
+    opt.reset()
+    check("after reset")
+    opt.untie()
+    check("after untie")
+    step(slow=True)
+    check("after a step")
+    opt.load_state_dict(sd)
+    check("after load_state_dict")
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     """--embed-grad-to-acc against the default, through Trainer.train_step: with the embedding lookups adding
