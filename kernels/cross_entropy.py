@@ -79,9 +79,11 @@ written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 
 then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s (7.56 ms measured on one H200,
 2026-11-25). The 2-D kernel reads 4.95 GB and writes 2 x 2.47 GB: 9.9 GB, 2.3 ms at 4.3 TB/s; not yet measured
 on a GPU, and a first 2-D kernel of this design was slower than the row path (see E5M2_2D_CONFIG).
-Each element also costs three special-function operations in each kernel (two exp and the sigmoid's
-reciprocal), of the same order of time on H100/H200, so the kernels may end up bound by those units rather
-than by memory.
+Each element also costs four special-function (MUFU) operations: two exp, the sigmoid's reciprocal and the
+reciprocal inside the correctly rounded division (tl.div_rn). The e5m2 backward compiled for sm_90a (Triton 3.9,
+on a CPU; K=3, BLOCK_V=2048, 4 warps) holds 131 MUFU among 2752 instructions for 2 x 16 elements per thread (the
+unmasked and the masked tile), so the kernels may be bound by instruction issue rather than by memory: in the
+2026-11-25 profile (records/2026-11-25_StepProfile1xH200) the e5m2 backward moved about 1 TB/s.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
 training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
@@ -89,7 +91,8 @@ training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts 
 dtype), then runs the forward kernel; the backward runs the e5m2 backward above (the path chosen by the op's
 ``fused_t``) with the caller's gradient scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in
 the logits' dtype. The two e4m3 operands torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T
-in the backward) are copied by kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
+in the backward) are copied by kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9
+(:func:`fp8_head_support`).
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by

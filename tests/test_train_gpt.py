@@ -178,9 +178,9 @@ def gpu_runs(shared_build):
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
     (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
     step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the opt-in kernels on:
-    --embed-grad-to-acc --ce-fused-transpose). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built once per
-    session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns
-    {run: (log text, train losses, val losses, final checkpoint path)}."""
+    --embed-grad-to-acc --ce-fused-transpose). Subprocesses: each run is a fresh process, as a real run and a
+    real resume are. Built once per session (conftest's shared_build: one xdist worker runs them, the others
+    wait and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
     for run in ("a", "b", "resumed", "opt_in"):
