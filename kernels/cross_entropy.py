@@ -24,7 +24,14 @@ that absolute error becomes a relative error of p several times fp32's unit roun
 2^(y log2 e), and the rounding of the product costs a relative error of about |y| ulps, |y| ~ 10 for most terms
 (with the running max, |y| is small for the terms that dominate the sum and the gradient). For the same
 reason the loss is summed as w_k * (log S_t + (m_t - z_k)), two small non-negative terms, rather than as
-w_k * (lse_t - z_k), and (x + B) / C is divided correctly rounded (``tl.div_rn``), as torch divides.
+w_k * (lse_t - z_k). The kernels are bound by the GPU's special-function unit (MUFU: 16 results per clock per
+SM, an eighth of the FP32 rate), so each element costs three MUFU operations and little else
+(:func:`_softcap`): s = 1 / (1 + 2^t) with t = c1 x + c0 (the constants -log2(e) / C and B c1 folded on the
+host: one FFMA, where a correctly rounded (x + B) / C took a MUFU.RCP and ~9 other instructions), 2^t and
+exp(z - m) = 2^((z - m) log2 e) by ``tl.exp2`` (one MUFU.EX2 each: ``tl.exp`` adds a multiply and a
+subnormal-range fix-up), and the reciprocal as rsqrt(d)^2 plus one Newton step (MUFU.RSQ and three FP32
+instructions; ``1 / d`` compiles to a range-checked division of ~8). The test file derives the resulting fp32
+error bounds (about 7 u of A for z, u = 2^-24).
 
 Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider
 buffer is fine); targets (N,) int64; weights (K,) fp32 on logits' device with 1 <= K <= MAX_K = 4, read by
@@ -43,13 +50,16 @@ both from one read of the logits, with a positive FP8 gradient scale ``scale`` (
 dL/dx is the fp32 value above, never rounded to bf16 on the way (the eager path it replaces rounded twice:
 dlogits to bf16, the division by the scale in bf16, then the cast), with 1/scale folded into the constant
 A / (C * scale). RNE_e5m2 is round to nearest, ties to even, onto e5m2's grid: 2 mantissa bits, normals from
-2^-14, subnormals the multiples of 2^-16, largest finite 57344; magnitudes from 61440 on become +-inf and NaN
-stays NaN, as torch's ``.to(torch.float8_e5m2)`` does (the two agree bit for bit on every fp32 input but NaN
-payloads). The kernels round by integer arithmetic on the fp32 bits, not with Triton's fp32 -> fp8 conversion
-(see ``_e5m2_bits``). g8t holds the same bytes as g8, transposed; both are fresh contiguous tensors. Two paths
-write them (``fused_t``), with the same fp32 expression per element (the shared ``_bwd_row_setup`` and
-``_bwd_values``), hence the same bytes: the row kernel writes g8 and a transpose pass copies it into g8t (the
-default), or one 2-D kernel writes both (opt-in until measured on a GPU: train_gpt.py --ce-fused-transpose).
+2^-14, subnormals the multiples of 2^-16, largest finite 57344; it saturates: magnitudes from 61440 on (and
++-inf) become +-57344, NaN stays NaN. That is a Hopper GPU's conversion (``cvt.rn.satfinite.e5m2x2.f32``, one
+instruction per two elements, Triton's ``.to(tl.float8e5)`` there), which the kernels use on the GPU; torch's
+``.to(torch.float8_e5m2)`` agrees bit for bit except that it gives +-inf from 61440 on. In Triton's interpreter
+(the CPU tests) the kernels round by integer arithmetic on the fp32 bits instead (``_e5m2_bits``, the same
+bits; the interpreter's own conversion is wrong). g8t holds the same bytes as g8, transposed; both are fresh
+contiguous tensors. Two paths write them (``fused_t``), with the same fp32 expression per element (the shared
+``_bwd_row_setup``, ``_bwd_dense`` and target pass), hence the same bytes: the row kernel writes g8 and a
+transpose pass copies it into g8t (the default), or one 2-D kernel writes both (opt-in until measured on a GPU:
+train_gpt.py --ce-fused-transpose).
 
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
@@ -61,10 +71,15 @@ Kernels (the first two run one program per row, which walks the row in tiles of 
 tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * ``_ce_fwd_kernel``: m_t and S_t, then the K gathers of z at the targets; writes losses and stats. Reads
     the logits once.
-  * ``_ce_bwd_kernel``: recomputes z and s from the logits and p = exp(z - m_t) / S_t, writes dlogits.
+  * ``_ce_bwd_kernel``: the dense part of the backward: recomputes z and s from the logits and
+    p = exp(z - m_t) / S_t and writes g_t W_t p (A/C) s (1 - s) to every column, as if none were a target.
     Reads the logits once and writes the gradient once.
-  * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): the tile's dx / scale
-    is rounded to e5m2 (``_e5m2_bits``) and stored as one byte per element, row-major (g8); then
+  * ``_ce_bwd_targets_kernel`` (launched right after): one program per row rewrites the row's at most K target
+    columns with the full expression, the weights of all the terms that land on a column subtracted (K reads
+    and writes per row). Comparing every column with the K targets in the dense pass took 2K of its ~18
+    instructions per element.
+  * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): dx / scale is rounded
+    to e5m2 (``_to_e5m2``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
   * ``_ce_bwd_e5m2_2d_kernel`` (the same with ``fused_t=True``): one program per tile of BLOCK_N rows x
     BLOCK_V columns (a 1-D grid, the column tiles of a row tile consecutive). It loads the rows' m_t, 1 / S_t,
@@ -74,16 +89,17 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
     into one 32-bit word, the layout of 4 consecutive bytes of g8t, so that the transpose moves words rather
     than bytes. The last row tile and the last column tile are masked (rows past N read row N - 1's values and
     store nothing); the offsets are 64-bit (g8t's pass 2^31 at the speedrun's shape).
-Traffic for the speedrun's N=49152, V=50304, bf16: forward 4.95 GB read, backward 4.95 GB read + 4.95 GB
-written, 14.8 GB in all: 3.5 ms at the H200's 4.3 TB/s. The e5m2 backward reads 4.95 GB and writes 2.47 GB,
-then the transpose reads and writes 2.47 GB each: 12.4 GB, 2.9 ms at 4.3 TB/s (7.56 ms measured on one H200,
-2026-11-25). The 2-D kernel reads 4.95 GB and writes 2 x 2.47 GB: 9.9 GB, 2.3 ms at 4.3 TB/s; not yet measured
-on a GPU, and a first 2-D kernel of this design was slower than the row path (see E5M2_2D_CONFIG).
-Each element also costs four special-function (MUFU) operations: two exp, the sigmoid's reciprocal and the
-reciprocal inside the correctly rounded division (tl.div_rn). The e5m2 backward compiled for sm_90a (Triton 3.9,
-on a CPU; K=3, BLOCK_V=2048, 4 warps) holds 131 MUFU among 2752 instructions for 2 x 16 elements per thread (the
-unmasked and the masked tile), so the kernels may be bound by instruction issue rather than by memory: in the
-2026-11-25 profile (records/2026-11-25_StepProfile1xH200) the e5m2 backward moved about 1 TB/s.
+Bounds for the speedrun's N=49152, V=50304 (2.47e9 elements), bf16 logits, on an H200 (4.3 TB/s; MUFU 16
+per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
+  * memory: the forward reads 4.95 GB (1.15 ms); the e5m2 backward reads 4.95 GB and writes 2.47 GB (1.7 ms),
+    then the transpose reads and writes 2.47 GB each (1.15 ms); the 2-D kernel writes g8t directly (no
+    transpose pass); a bf16 backward writes 4.95 GB (2.3 ms in all).
+  * MUFU: three operations per element, 7.4e9 per direction: 1.77 ms, above the memory bound of every kernel
+    but the bf16 backward. The other instructions fit beside them: compiled for sm_90a with the launch's
+    specialisations (Triton 3.6, as on the GPU machines; K=3, BLOCK_V=2048, 4 warps), a 16-element tile of the
+    e5m2 backward is 286 instructions of which 48 MUFU, each MUFU taking 8 of a scheduler's issue cycles: the
+    unit is the bound, issue is not.
+records/README.md ("Measurements behind the code") has the kernels' measured times.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
 training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
@@ -103,6 +119,7 @@ reference at real vocabulary sizes: there the trainer calls :func:`softcapped_cr
 differentiable by autograd.
 """
 import math
+import os
 from typing import Tuple
 
 import torch
@@ -115,11 +132,10 @@ from kernels.transpose import transpose_copy
 # Most weights (terms per row) supported: the backward holds each term's target and weight in registers.
 MAX_K = 4
 
-# Launch configuration per logits dtype: columns per tile, warps. bf16 measured on one H200 (2026-11-25,
-# `python -m benchmarks --only cross_entropy --tune`, N=49152, V=50304, K=3, fwd + bwd): 2048 columns with 4
-# warps 9.04 ms, against 9.38 (1024, 4), 9.78 (4096, 8), 10.90 (2048, 8, the earlier default) and 12.11
-# (4096, 16); the e5m2 backward alone varied by 2% across the same candidates (7.48 to 7.96 ms). fp32: an
-# initial choice (half the columns for the same bytes), not tuned.
+# Launch configuration per logits dtype: columns per tile, warps. bf16: the fastest of TUNING_CANDIDATES on one
+# H200 for the kernels before their three-MUFU form (2026-11-25, `python -m benchmarks --only cross_entropy
+# --tune`; records/README.md), not re-tuned since. fp32: an initial choice (half the columns for the same bytes),
+# not tuned.
 DEFAULT_CONFIG = {
     torch.bfloat16: dict(BLOCK_V=2048, num_warps=4),
     torch.float32: dict(BLOCK_V=1024, num_warps=8),
@@ -137,15 +153,9 @@ TUNING_CANDIDATES = [
 
 # The 2-D e5m2 backward (softcapped_cross_entropy_bwd_e5m2(fused_t=True)), both logits dtypes: BLOCK_N rows x
 # BLOCK_V columns per program, warps, and PACKED (transpose 32-bit words of 4 rows' bytes, when N % 4 == 0, rather
-# than single bytes). An untuned initial choice, NOT yet measured on a GPU. A first 2-D kernel of this design
-# (commit 474b963: bytes transposed, 64 x 64 or 64 x 128 tiles, 8 warps) took 10.6 ms per call at N=16384 in a
-# training profile on one H200, 4x the row kernel + transpose (2.52 ms; records/2026-11-25_WholeRegion1xH200), for
-# reasons not measured. Compiled for sm_90a on a CPU (Triton 3.9, bf16, K=3; no GPU run), a byte transpose goes
-# through shared memory one or two bytes per access (STS.U8 / STS.U16 / LDS.U8: one shared-memory instruction
-# per element, bank conflicts unknown) and a 64 x 128 tile needs 128 registers at 8 warps (180 at 4); PACKED
-# moves 32-bit words (a quarter of the shared-memory instructions) in 73 registers at 8 warps (3 CTAs per SM).
-# 64 x 128 x 8 warps: 256-byte rows of bf16 logits, 128-byte rows of g8 and 64-byte rows of g8t per tile.
-# Hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy --tune` has
+# than single bytes: a quarter of the shared-memory instructions of a byte transpose). An untuned initial choice,
+# NOT yet measured on a GPU (a first kernel of this design was slower than the row path: records/README.md),
+# hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy --tune` has
 # timed E5M2_2D_TUNING_CANDIDATES against the row path on a GPU.
 E5M2_2D_CONFIG = dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True)
 # Interpreter (CPU): the cost is per program, so fewer, larger tiles (the bytes do not depend on the tile).
@@ -194,21 +204,35 @@ def softcapped_cross_entropy_ref(logits, targets, weights, A, B, C):
 # ---------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ---------------------------------------------------------------------------------------------------------
+_LOG2E = tl.constexpr(1.4426950408889634)
+_E5M2_MAX = tl.constexpr(57344.0)
+
+
 @triton.jit
-def _softcap(x, A, B, C):
-    """(z, s): s = sigmoid((x + B) / C) and z = A * s, in fp32 (correctly rounded division, as torch's)."""
-    s = tl.sigmoid(tl.div_rn(x.to(tl.float32) + B, C))
+def _softcap(x, A, c1, c0):
+    """(z, s): s = sigmoid((x + B) / C) = 1 / (1 + 2^t), t = c1 x + c0 (c1 = -log2(e) / C, c0 = B c1, folded on the
+    host), z = A s, in fp32. The reciprocal of d = 1 + 2^t starts from rsqrt(d)^2 (the GPU's approximate MUFU.RSQ,
+    a few ulps off once squared) and takes one Newton step, s = s0 + s0 (1 - d s0), which squares that error away
+    and leaves about one rounding (in the interpreter too, whose rsqrt rounds twice: without the step the losses
+    missed rule 1's bound there). On a GPU: MUFU.EX2, MUFU.RSQ and about six FP32 instructions per element
+    (tl.sigmoid plus tl.div_rn's correctly rounded division took ~25). x = -inf gives 2^t = inf, s = 0 (the step
+    is skipped where s0 = 0: d s0 = inf * 0 is NaN there); x = +inf gives s = 1; NaN stays NaN."""
+    d = 1.0 + tl.exp2(x.to(tl.float32) * c1 + c0)
+    r = tl.rsqrt(d)
+    s0 = r * r
+    s = tl.where(s0 > 0.0, s0 + s0 * (1.0 - d * s0), s0)
     return A * s, s
 
 
 @triton.jit
 def _row_term(targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
-    """Target and weight of term k of this row (weight 0 when t + k >= N), and whether the target is bad."""
+    """Target and weight of term k of this row (weight 0 when t + k >= N), whether the term is present (t + k < N)
+    and whether its target is bad (present and outside [0, V))."""
     present = row + k < N
     tgt = tl.load(targets_ptr + row + k, mask=present, other=0)
     w = tl.where(present, tl.load(weights_ptr + k), 0.0)
     bad = present & ((tgt < 0) | (tgt >= V))
-    return tgt, w, bad
+    return tgt, w, present, bad
 
 
 @triton.jit
@@ -219,8 +243,8 @@ def _ce_fwd_kernel(
     targets_ptr, weights_ptr,
     # outputs: losses (N,) fp32, stats (2, N) fp32 (row max of z, sum of exp(z - max))
     losses_ptr, stats_ptr,
-    # sizes and softcap constants
-    N, V, A, B, C,
+    # sizes and softcap constants (A, and c1 = -log2(e) / C, c0 = B c1)
+    N, V, A, c1, c0,
     K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -230,16 +254,16 @@ def _ce_fwd_kernel(
     acc = tl.zeros((BLOCK_V,), dtype=tl.float32)          # per-lane sums of exp(z - m)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
-        z, s = _softcap(tl.load(x_row + off + cols), A, B, C)
+        z, s = _softcap(tl.load(x_row + off + cols), A, c1, c0)
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        acc = acc * tl.exp2((m - m_new) * _LOG2E) + tl.exp2((z - m_new) * _LOG2E)
         m = m_new
     if v_full < V:                                         # masked tail
         msk = v_full + cols < V
-        z, s = _softcap(tl.load(x_row + v_full + cols, mask=msk, other=0.0), A, B, C)
+        z, s = _softcap(tl.load(x_row + v_full + cols, mask=msk, other=0.0), A, c1, c0)
         z = tl.where(msk, z, -float("inf"))
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        acc = acc * tl.exp(m - m_new) + tl.exp(z - m_new)
+        acc = acc * tl.exp2((m - m_new) * _LOG2E) + tl.exp2((z - m_new) * _LOG2E)
         m = m_new
     sumexp = tl.sum(acc, axis=0)
     log_s = tl.log(sumexp)                                 # lse - m
@@ -248,8 +272,8 @@ def _ce_fwd_kernel(
     loss = 0.0
     any_bad = False
     for k in tl.static_range(K):
-        tgt, w, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
-        zt, st = _softcap(tl.load(x_row + tgt, mask=(row + k < N) & ~bad, other=0.0), A, B, C)
+        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+        zt, st = _softcap(tl.load(x_row + tgt, mask=present & ~bad, other=0.0), A, c1, c0)
         loss += w * (log_s + (m - zt))
         any_bad = any_bad | bad
     loss = tl.where(any_bad, float("nan"), loss)
@@ -259,39 +283,49 @@ def _ce_fwd_kernel(
 
 
 @triton.jit
-def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, K: tl.constexpr):
-    """What the backward needs of row(s) ``row``: m_t, 1 / S_t, g_t (NaN for a row with a bad target), the
-    coefficient g_t W_t and the MAX_K terms (target, weight; the absent ones weight 0). ``row`` is one int64 row
-    (the row kernel: scalars) or an int64 (BLOCK_N, 1) column of rows below N (the 2-D kernel: (BLOCK_N, 1)
-    columns, which broadcast against a tile's columns); the operations, hence the bits, are the same."""
+def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K: tl.constexpr):
+    """What the backward needs of row(s) ``row``: m_t; the row's factor of the dense part,
+    dense = g_t W_t (A / C) / S_t (NaN for a row with a bad target); gc = g_t (A / C) (the targets' factor); and the
+    MAX_K terms (target, weight; the absent ones weight 0). A_over_C holds A / (C * scale) for the e5m2 backward.
+    ``row`` is one int64 row (row kernels: scalars) or an int64 (BLOCK_N, 1) column of rows below N (the 2-D
+    kernel: (BLOCK_N, 1) columns, which broadcast against a tile's columns); the operations, hence the bits, are
+    the same."""
     m = tl.load(stats_ptr + row)
     inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
     g = tl.load(g_ptr + row * stride_g).to(tl.float32)
-    tgt0, w0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
+    tgt0, w0, p0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
     tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
     if K > 1:
-        tgt1, w1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
+        tgt1, w1, p1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
         bad = bad | bad1
     if K > 2:
-        tgt2, w2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
+        tgt2, w2, p2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
         bad = bad | bad2
     if K > 3:
-        tgt3, w3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
+        tgt3, w3, p3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
         bad = bad | bad3
     g = tl.where(bad, float("nan"), g)                     # poison the whole row, as the forward does
-    coef = g * (w0 + w1 + w2 + w3)                         # g_t * W_t
-    return m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3
+    gc = g * A_over_C
+    dense = gc * (w0 + w1 + w2 + w3) * inv_s
+    return m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3
 
 
 @triton.jit
-def _bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_C,
-                tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr):
-    """fp32 dx = (g W p - g sum_k w_k [c == t_k]) * (A/C) s (1 - s) of logits x at columns c, with coef = g W.
-    Row kernel: x, c (BLOCK_V,), the row's values scalars; 2-D kernel: x (BLOCK_N, BLOCK_V), c (1, BLOCK_V),
-    the rows' values (BLOCK_N, 1). One expression for both, so that both write the same bits."""
-    z, s = _softcap(x, A, B, C)
-    p = tl.exp(z - m) * inv_s
-    # Target terms, compared per column (K is small; absent terms carry weight 0).
+def _bwd_dense(x, m, dense, A, c1, c0):
+    """fp32 dx of logits x at the columns that are no target of the row: dense exp(z - m) s (1 - s), which is
+    g W p (A/C) s (1 - s) with p = exp(z - m) / S. Row kernel: x (BLOCK_V,), the row's values scalars; 2-D kernel:
+    x (BLOCK_N, BLOCK_V), the rows' values (BLOCK_N, 1). One expression for both, so that both write the same bits.
+    The target columns are written again afterwards by _ce_bwd_targets_kernel (``_bwd_target``): comparing every
+    column with K targets cost 2K instructions per element."""
+    z, s = _softcap(x, A, c1, c0)
+    return (dense * tl.exp2((z - m) * _LOG2E)) * (s * (1.0 - s))
+
+
+@triton.jit
+def _bwd_target(x, c, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr):
+    """fp32 dx of logits x at column c (a target of the row): (dense exp(z - m) - gc hit) s (1 - s) with
+    hit = sum_k w_k [c == t_k] (a column that is the target of several terms gets all their weights)."""
+    z, s = _softcap(x, A, c1, c0)
     hit = tl.where(c == tgt0, w0, 0.0)
     if K > 1:
         hit += tl.where(c == tgt1, w1, 0.0)
@@ -299,29 +333,47 @@ def _bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_C,
         hit += tl.where(c == tgt2, w2, 0.0)
     if K > 3:
         hit += tl.where(c == tgt3, w3, 0.0)
-    dz = coef * p - g * hit
-    return dz * (A_over_C * s * (1.0 - s))
+    return (dense * tl.exp2((z - m) * _LOG2E) - gc * hit) * (s * (1.0 - s))
 
 
 @triton.jit
-def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                 tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K: tl.constexpr, MASKED: tl.constexpr, E5M2: tl.constexpr):
-    """One tile of one row: dx (``_bwd_values``) in dx_row's dtype, or with E5M2 its e5m2 bits."""
-    c = start + cols
-    if MASKED:
-        msk = c < V
-        x = tl.load(x_row + c, mask=msk, other=0.0)
+def _e5m2_bits(v):
+    """uint8 bit patterns of SAT(RNE_e5m2(v)) for fp32 v, in integer and fp32 arithmetic: round to nearest even onto
+    e5m2's grid, then magnitudes above the largest finite value 57344 (from 61440 on, and inf) saturate to
+    +-57344; NaN stays NaN. This is what a Hopper GPU's conversion (``cvt.rn.satfinite.e5m2x2.f32``, Triton's
+    ``.to(tl.float8e5)`` there) does; :func:`_to_e5m2` uses it in Triton's interpreter (the CPU tests), whose
+    own fp32 -> e5m2 conversion is wrong: its round-to-nearest adds one to the 2-bit significand without carrying
+    into the exponent (1.9417 becomes 1.0, not 2.0) and overflow gives NaN.
+      * |v| >= 2^-14 (e5m2 normals): on the bit pattern of |v|, adding 0xFFFFF plus the lowest kept mantissa
+        bit and clearing the low 21 bits keeps 2 of fp32's 23 mantissa bits, rounded to nearest even; a carry
+        into the exponent is the right result (1.9417 -> 2.0; 61440 and above -> 65536, saturated below).
+      * |v| < 2^-14 (e5m2 subnormals, multiples of 2^-16): |v| * 2^16 < 4 is exact, and adding then
+        subtracting 1.5 * 2^23 (where the fp32 spacing is 1) rounds it to an integer, to nearest even.
+    The rounded value is on e5m2's grid, a subset of fp16's, so the fp32 -> fp16 conversion is exact, and the top
+    byte of an fp16 is the e5m2 encoding of the same value."""
+    bits = v.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    sign = bits ^ mag                                      # the sign bit alone
+    a = mag.to(tl.float32, bitcast=True)                   # |v|
+    normal = (((mag + 0xFFFFF + ((mag >> 21) & 1)) >> 21) << 21).to(tl.float32, bitcast=True)
+    subnormal = ((a * 65536.0 + 12582912.0) - 12582912.0) * 1.52587890625e-05      # 2^16, 1.5 * 2^23, 2^-16
+    r = tl.where(a < 6.103515625e-05, subnormal, normal)  # 2^-14
+    r = tl.where(r > _E5M2_MAX, _E5M2_MAX, r)              # saturate (65536, inf)
+    r = tl.where(a == a, r, float("nan"))                  # NaN: not rounded (a GPU's 0x7FFFFFFF would carry into
+                                                           # the sign), one quiet NaN whatever the payload
+    r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return (r.to(tl.float16).to(tl.uint16, bitcast=True) >> 8).to(tl.uint8)
+
+
+@triton.jit
+def _to_e5m2(v, HW_FP8: tl.constexpr):
+    """uint8 bit patterns of SAT(RNE_e5m2(v)): the GPU's conversion (one F2FP instruction per two elements) with
+    HW_FP8, else the same rounding in integer arithmetic (:func:`_e5m2_bits`, 13 instructions per element; the
+    interpreter's own conversion is wrong). The launchers set HW_FP8 outside the interpreter."""
+    if HW_FP8:
+        return v.to(tl.float8e5).to(tl.uint8, bitcast=True)
     else:
-        x = tl.load(x_row + c)
-    dx = _bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_C, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
-    if E5M2:
-        dx = _e5m2_bits(dx)  # A_over_C holds A / (C * scale): the e5m2 bits of dx / scale
-    else:
-        dx = dx.to(dx_row.dtype.element_ty)
-    if MASKED:
-        tl.store(dx_row + c, dx, mask=msk)
-    else:
-        tl.store(dx_row + c, dx)
+        return _e5m2_bits(v)
 
 
 @triton.jit
@@ -335,64 +387,73 @@ def _ce_bwd_kernel(
     # output: dlogits (N, V) contiguous, logits' dtype; or with E5M2 its e5m2 bit patterns (a uint8 view)
     dx_ptr,
     # sizes and softcap constants; A_over_C is A / (C * scale) with E5M2
-    N, V, A, B, C, A_over_C,
-    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr,
+    N, V, A, c1, c0, A_over_C,
+    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
 ):
+    """The dense part of dlogits (every column as if it were no target), one program per row; the row's target
+    columns are then rewritten by _ce_bwd_targets_kernel."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
     dx_row = dx_ptr + row * V
-    # Up to MAX_K terms as scalars (the launcher checks K), held in registers through the tile loop.
-    m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, K)
+    m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K)
     cols = tl.arange(0, BLOCK_V)
     v_full = (V // BLOCK_V) * BLOCK_V
-    for off in range(0, v_full, BLOCK_V):
-        _ce_bwd_tile(x_row, dx_row, off, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, False, E5M2)
-    if v_full < V:
-        _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, inv_s, coef, g, A, B, C, A_over_C,
-                     tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K, True, E5M2)
+    for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
+        dx = _bwd_dense(tl.load(x_row + off + cols), m, dense, A, c1, c0)
+        if E5M2:
+            tl.store(dx_row + off + cols, _to_e5m2(dx, HW_FP8))
+        else:
+            tl.store(dx_row + off + cols, dx.to(dx_ptr.dtype.element_ty))
+    if v_full < V:                                         # masked tail
+        c = v_full + cols
+        msk = c < V
+        dx = _bwd_dense(tl.load(x_row + c, mask=msk, other=0.0), m, dense, A, c1, c0)
+        if E5M2:
+            tl.store(dx_row + c, _to_e5m2(dx, HW_FP8), mask=msk)
+        else:
+            tl.store(dx_row + c, dx.to(dx_ptr.dtype.element_ty), mask=msk)
 
 
 @triton.jit
-def _e5m2_bits(v):
-    """uint8 bit patterns of RNE_e5m2(v) for fp32 v (round to nearest even; +-inf from 61440 on; NaN stays NaN).
-
-    Why not ``v.to(tl.float8e5)``: Triton's own fp32 -> e5m2 conversion is wrong in the interpreter (the CPU
-    tests): its round-to-nearest adds one to the 2-bit significand without carrying into the exponent (1.9417
-    becomes 1.0, not 2.0) and clamps the exponent of large values (overflow gives NaN, not inf). On Hopper it
-    is ``cvt.rn.satfinite``, which saturates overflow and inf to +-57344 instead of giving inf as torch does.
-    So the rounding is done here, the same integer and fp32 operations on the GPU and in the interpreter, and
-    the CPU tests test the rounding that runs on the GPU:
-      * |v| >= 2^-14 (e5m2 normals): on the bit pattern of |v|, adding 0xFFFFF plus the lowest kept mantissa
-        bit and clearing the low 21 bits keeps 2 of fp32's 23 mantissa bits, rounded to nearest even; a carry
-        into the exponent is the right result (1.9417 -> 2.0; 61440 and above -> 65536, which is inf below).
-      * |v| < 2^-14 (e5m2 subnormals, multiples of 2^-16): |v| * 2^16 < 4 is exact, and adding then
-        subtracting 1.5 * 2^23 (where the fp32 spacing is 1) rounds it to an integer, to nearest even.
-    The rounded value is on e5m2's grid, a subset of fp16's, so the fp32 -> fp16 conversion is exact (65536
-    and above overflow to inf there, inf and NaN stay themselves), and the top byte of an fp16 is the e5m2
-    encoding of the same value."""
-    bits = v.to(tl.int32, bitcast=True)
-    mag = bits & 0x7FFFFFFF
-    sign = bits ^ mag                                      # the sign bit alone
-    a = mag.to(tl.float32, bitcast=True)                   # |v|
-    normal = (((mag + 0xFFFFF + ((mag >> 21) & 1)) >> 21) << 21).to(tl.float32, bitcast=True)
-    subnormal = ((a * 65536.0 + 12582912.0) - 12582912.0) * 1.52587890625e-05      # 2^16, 1.5 * 2^23, 2^-16
-    r = tl.where(a < 6.103515625e-05, subnormal, normal)  # 2^-14
-    r = tl.where(a == a, r, float("nan"))                  # NaN: not rounded (a GPU's 0x7FFFFFFF would carry into
-                                                           # the sign), one quiet NaN whatever the payload
-    r = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    return (r.to(tl.float16).to(tl.uint16, bitcast=True) >> 8).to(tl.uint8)
+def _ce_bwd_targets_kernel(
+    # as _ce_bwd_kernel
+    g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, dx_ptr,
+    # with TRANSPOSED: g8t's e5m2 bits (V, N) as uint8, written too
+    dx_t_ptr,
+    N, V, A, c1, c0, A_over_C,
+    K: tl.constexpr, E5M2: tl.constexpr, TRANSPOSED: tl.constexpr, HW_FP8: tl.constexpr,
+):
+    """The target columns of one row (program) after the dense pass: dx at each present, in-range target t_k,
+    with all the weights that land on that column (``_bwd_target``), into dlogits (or g8, and with TRANSPOSED g8t).
+    Two terms with the same target write the same value twice. Runs after _ce_bwd_kernel or the 2-D kernel (the
+    same stream), so these writes come last."""
+    row = tl.program_id(0).to(tl.int64)
+    m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K)
+    for k in tl.static_range(K):
+        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+        ok = present & ~bad
+        x = tl.load(x_ptr + row * stride_xn + tgt, mask=ok, other=0.0)
+        dx = _bwd_target(x, tgt, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
+        if E5M2:
+            bits = _to_e5m2(dx, HW_FP8)
+            tl.store(dx_ptr + row * V + tgt, bits, mask=ok)
+            if TRANSPOSED:
+                tl.store(dx_t_ptr + tgt * N + row, bits, mask=ok)
+        else:
+            tl.store(dx_ptr + row * V + tgt, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                         rows, cols, N, V, A, B, C, A_over_Cs, K: tl.constexpr, MASKED: tl.constexpr):
-    """The e5m2 bits of dx / scale at rows (R,) x cols (BLOCK_V,) (int64), stored into g8 and returned (R, BLOCK_V)
-    uint8. Rows past N (in the last row tile) read row N - 1's values instead: computed, never stored."""
+                         rows, cols, N, V, A, c1, c0, A_over_Cs, K: tl.constexpr, MASKED: tl.constexpr,
+                         HW_FP8: tl.constexpr):
+    """The e5m2 bits of the dense dx / scale at rows (R,) x cols (BLOCK_V,) (int64), stored into g8 and returned
+    (R, BLOCK_V) uint8. Rows past N (in the last row tile) read row N - 1's values instead: computed, never stored."""
     r = tl.minimum(rows, N - 1)[:, None]                   # (R, 1)
-    m, inv_s, g, coef, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, K)
+    m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, A_over_Cs, K)
     c = cols[None, :]                                      # (1, BLOCK_V)
     x_ptrs = x_ptr + r * stride_xn + c
     out_ptrs = out_ptr + rows[:, None] * V + c             # g8[rows, cols]
@@ -401,8 +462,7 @@ def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_p
         x = tl.load(x_ptrs, mask=msk, other=0.0)
     else:
         x = tl.load(x_ptrs)
-    bits = _e5m2_bits(_bwd_values(x, c, m, inv_s, coef, g, A, B, C, A_over_Cs,
-                                  tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K))
+    bits = _to_e5m2(_bwd_dense(x, m, dense, A, c1, c0), HW_FP8)
     if MASKED:
         tl.store(out_ptrs, bits, mask=msk)
     else:
@@ -412,9 +472,9 @@ def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_p
 
 @triton.jit
 def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
-                         row0, col0, N, V, A, B, C, A_over_Cs, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_V: tl.constexpr, PACKED: tl.constexpr, MASKED: tl.constexpr):
-    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of dx / scale into g8 and,
+                         row0, col0, N, V, A, c1, c0, A_over_Cs, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_V: tl.constexpr, PACKED: tl.constexpr, MASKED: tl.constexpr, HW_FP8: tl.constexpr):
+    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of the dense dx / scale into g8 and,
     transposed, into g8t. row0 and col0 are int64, so every offset below is (g8t's pass 2^31 at the speedrun's
     N x V). PACKED (N % 4 == 0; out_t_ptr then points at g8t as int32 words, (V, N / 4)): the tile is computed
     as four (BLOCK_N / 4, BLOCK_V) interleaved row sets, rows 4i + j for j = 0..3, whose bytes are packed into one
@@ -427,7 +487,7 @@ def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_p
         words = tl.zeros((BLOCK_N // 4, BLOCK_V), dtype=tl.uint32)
         for j in tl.static_range(4):
             bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
-                                        out_ptr, quads + j, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+                                        out_ptr, quads + j, cols, N, V, A, c1, c0, A_over_Cs, K, MASKED, HW_FP8)
             words = words | (bits.to(tl.uint32) << (8 * j))
         out_t_ptrs = out_t_ptr + cols[:, None] * (N // 4) + w[None, :]    # g8t words [cols, w], (BLOCK_V, BLOCK_N / 4)
         if MASKED:                                         # N % 4 == 0: a group is all in or all out
@@ -437,7 +497,7 @@ def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_p
     else:
         rows = row0 + tl.arange(0, BLOCK_N)                # (BLOCK_N,) int64
         bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
-                                    out_ptr, rows, cols, N, V, A, B, C, A_over_Cs, K, MASKED)
+                                    out_ptr, rows, cols, N, V, A, c1, c0, A_over_Cs, K, MASKED, HW_FP8)
         out_t_ptrs = out_t_ptr + cols[:, None] * N + rows[None, :]       # g8t[cols, rows], (BLOCK_V, BLOCK_N)
         if MASKED:
             tl.store(out_t_ptrs, tl.trans(bits), mask=(cols[:, None] < V) & (rows[None, :] < N))
@@ -456,8 +516,8 @@ def _ce_bwd_e5m2_2d_kernel(
     # outputs, both contiguous: g8 (N, V) as uint8, g8t (V, N) as uint8, or with PACKED as int32 (V, N / 4)
     out_ptr, out_t_ptr,
     # sizes, softcap constants, A / (C * scale)
-    N, V, A, B, C, A_over_Cs,
-    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PACKED: tl.constexpr,
+    N, V, A, c1, c0, A_over_Cs,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PACKED: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     # One program per tile, the column tiles of a row tile consecutive (a 1-D grid: no 65535 limit on either
     # count): programs running together read whole rows of the logits and write whole rows of g8.
@@ -467,10 +527,12 @@ def _ce_bwd_e5m2_2d_kernel(
     col0 = (pid % tiles_v).to(tl.int64) * BLOCK_V
     if (row0 + BLOCK_N <= N) & (col0 + BLOCK_V <= V):     # inside the tensor: no masks
         _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, False)
+                             out_t_ptr, row0, col0, N, V, A, c1, c0, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, False,
+                             HW_FP8)
     else:                                                  # the last row tile and/or the last column tile
         _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, B, C, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, True)
+                             out_t_ptr, row0, col0, N, V, A, c1, c0, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, True,
+                             HW_FP8)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -568,8 +630,7 @@ def softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C, losses=None,
         return losses, stats
     cfg = _config(logits, config)
     _ce_fwd_kernel[(N,)](
-        logits, logits.stride(0), targets, weights, losses, stats,
-        N, V, float(A), float(B), float(C),
+        logits, logits.stride(0), targets, weights, losses, stats, N, V, *_softcap_consts(A, B, C),
         K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
     return losses, stats
 
@@ -589,17 +650,33 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
             raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
     if N == 0:
         return out
-    _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, float(A) / C, K, _config(logits, config), False)
+    cfg = _config(logits, config)
+    args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out)
+    consts = (N, V, *_softcap_consts(A, B, C), float(A) / C)
+    _ce_bwd_kernel[(N,)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=False, HW_FP8=False,
+                         num_warps=cfg["num_warps"])
+    _launch_targets(args, out, consts, K, e5m2=False, transposed=False)
     return out
 
 
-def _launch_bwd(grad, logits, stats, targets, weights, out, A, B, C, A_over_C, K, cfg, e5m2):
-    """The backward kernel, one program per row: dlogits in out's dtype, or (e5m2) e5m2 bytes into a uint8 view."""
-    N, V = logits.shape
-    _ce_bwd_kernel[(N,)](
-        grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out,
-        N, V, float(A), float(B), float(C), A_over_C,
-        K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, num_warps=cfg["num_warps"])
+def _softcap_consts(A, B, C):
+    """(A, c1, c0) as the kernels take them: sigmoid((x + B) / C) = 1 / (1 + 2^(c1 x + c0)), c1 = -log2(e) / C,
+    c0 = B c1 (computed in float64, rounded once to fp32 at the launch)."""
+    c1 = -math.log2(math.e) / C
+    return float(A), c1, float(B) * c1
+
+
+def _hw_fp8():
+    """Whether the e5m2 rounding is the GPU's conversion (outside Triton's interpreter) or the interpreter-safe
+    integer one (:func:`_to_e5m2`): the same bits."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _launch_targets(args, out_t, consts, K, e5m2, transposed):
+    """_ce_bwd_targets_kernel after the dense pass: one program per row (K loads each)."""
+    N = args[2].shape[0]
+    _ce_bwd_targets_kernel[(N,)](*args, out_t, *consts, K=K, E5M2=e5m2, TRANSPOSED=transposed, HW_FP8=_hw_fp8(),
+                                 num_warps=1)
 
 
 def _packs_words(cfg, N, out_t):
@@ -610,7 +687,7 @@ def _packs_words(cfg, N, out_t):
 
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
                                      config=None, transpose_config=None, fused_t=False):
-    """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding RNE_e5m2(dlogits / scale)
+    """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding SAT(RNE_e5m2(dlogits / scale))
     (the same bytes, g8t = g8.T), with dlogits the fp32 gradient of :func:`softcapped_cross_entropy_bwd` (module
     docstring). ``scale``: the positive finite FP8 gradient scale (Python float). ``out``/``out_t``: optional
     preallocated outputs. ``fused_t``: False, the row kernel writes g8 and kernels.transpose copies it into g8t;
@@ -651,15 +728,22 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         cfg = config if config is not None else (
             E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
         BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
+    args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8))
+    consts = (N, V, *_softcap_consts(A, B, C), A_over_Cs)
+    if fused_t:
+        cfg = config if config is not None else (
+            E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
+        BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
         packed = _packs_words(cfg, N, out_t)
         _ce_bwd_e5m2_2d_kernel[(triton.cdiv(N, BLOCK_N) * triton.cdiv(V, BLOCK_V),)](
-            grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights,
-            out.view(torch.uint8), out_t.view(torch.int32 if packed else torch.uint8),
-            N, V, float(A), float(B), float(C), A_over_Cs,
-            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, num_warps=cfg["num_warps"])
+            *args, out_t.view(torch.int32 if packed else torch.uint8), *consts,
+            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
+        _launch_targets(args, out_t.view(torch.uint8), consts, K, e5m2=True, transposed=True)
         return out, out_t
-    _launch_bwd(grad, logits, stats, targets, weights, out.view(torch.uint8), A, B, C, A_over_Cs, K,
-                _config(logits, config), True)
+    cfg = _config(logits, config)
+    _ce_bwd_kernel[(N,)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=True, HW_FP8=_hw_fp8(),
+                         num_warps=cfg["num_warps"])
+    _launch_targets(args, out_t.view(torch.uint8), consts, K, e5m2=True, transposed=False)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 
@@ -764,8 +848,7 @@ def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tenso
 
 def _transposed(t8):
     """A fresh contiguous copy of the 2-D FP8 tensor t8's transpose, by kernels.transpose (the same bytes as
-    ``t8.T.contiguous()``, whose copy kernel moves one byte per thread: 257 us for the head's 768 x 50304 e4m3
-    weight on an H200 (profile of 2026-11-25), ~7% of the memory bandwidth)."""
+    ``t8.T.contiguous()``, whose copy kernel moves one byte per thread: records/README.md has its time)."""
     out = torch.empty((t8.shape[1], t8.shape[0]), dtype=t8.dtype, device=t8.device)
     return transpose_copy(t8, out)
 

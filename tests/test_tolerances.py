@@ -102,36 +102,39 @@ def test_ulp_e5m2():
 
 
 def test_rule3_accepts_rne_and_rejects_truncation():
-    """torch's conversion (round to nearest even) passes over e5m2's whole range; truncating the same fp32
-    values (error up to one ulp) fails."""
+    """torch's conversion (round to nearest even) of values clamped to e5m2's range (saturation) passes over its
+    whole range; truncating the same fp32 values (error up to one ulp) fails."""
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(4096, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 5, (4096,), generator=g)
-    assert_rounded_e5m2(ref.float().to(torch.float8_e5m2), ref, ref.abs())
+    assert_rounded_e5m2(ref.float().clamp(-57344, 57344).to(torch.float8_e5m2), ref, ref.abs())
     normal = ref[ref.abs() >= 2.0 ** -14].float()
     truncated = ((normal.view(torch.int32) >> 21) << 21).view(torch.float32)   # exact in e5m2
-    with pytest.raises(AssertionError, match="not the e5m2 rounding of a value within"):
+    with pytest.raises(AssertionError, match="not the saturated e5m2 rounding of a value"):
         assert_rounded_e5m2(truncated.to(torch.float8_e5m2), normal.double(), normal.double().abs())
 
 
-def test_rule3_fp32_allowance_and_overflow():
+def test_rule3_fp32_allowance_and_saturation():
     """A value just below a midpoint may round either way when the fp32 allowance reaches across it (not when
-    the terms are zero); 61440 and above must be inf of the right sign, saturating to 57344 fails; NaN only
-    where the reference is NaN."""
+    the terms are zero); 61440 and above must saturate to 57344 of the right sign, inf (torch's conversion) fails;
+    NaN only where the reference is NaN."""
     below_mid = torch.tensor([1.125 - 2.0 ** -18], dtype=torch.float64)            # RNE: 1.0
     up = torch.tensor([1.25]).to(torch.float8_e5m2)                                  # the other neighbour
     assert 2.0 ** -18 < E5M2_FP32_ULPS * 2.0 ** -24 * 1.125
     assert_rounded_e5m2(up, below_mid, below_mid.abs())
-    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
+    with pytest.raises(AssertionError, match="not the saturated e5m2 rounding"):
         assert_rounded_e5m2(up, below_mid, torch.zeros_like(below_mid))
-    ref = torch.tensor([57344.0, 61000.0, 61440.0, -70000.0, 1e9], dtype=torch.float64)
-    rne = ref.float().to(torch.float8_e5m2)
-    assert rne.float().tolist() == [57344.0, 57344.0, float("inf"), -float("inf"), float("inf")]
-    assert_rounded_e5m2(rne, ref, ref.abs())
+    ref = torch.tensor([57344.0, 61000.0, 61440.0, -70000.0, 1e9, float("inf")], dtype=torch.float64)
     saturated = ref.clamp(-57344, 57344).float().to(torch.float8_e5m2)
-    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
-        assert_rounded_e5m2(saturated, ref, ref.abs())
-    with pytest.raises(AssertionError, match="not the e5m2 rounding"):
-        assert_rounded_e5m2((-ref).float().to(torch.float8_e5m2), ref, ref.abs())   # wrong-sign infinities
+    assert saturated.float().tolist() == [57344.0, 57344.0, 57344.0, -57344.0, 57344.0, 57344.0]
+    assert_rounded_e5m2(saturated, ref, ref.abs())
+    rne = ref.float().to(torch.float8_e5m2)                                            # inf from 61440 on
+    assert rne.float().tolist() == [57344.0, 57344.0, float("inf"), -float("inf"), float("inf"), float("inf")]
+    with pytest.raises(AssertionError, match="not the saturated e5m2 rounding"):
+        assert_rounded_e5m2(rne, ref, ref.abs())
+    with pytest.raises(AssertionError, match="not the saturated e5m2 rounding"):
+        assert_rounded_e5m2((-saturated.float()).to(torch.float8_e5m2), ref, ref.abs())   # wrong-sign saturation
+    with pytest.raises(AssertionError, match="not the saturated e5m2 rounding"):      # 49152: not saturated
+        assert_rounded_e5m2(torch.tensor([49152.0]).to(torch.float8_e5m2), ref[4:5], ref[4:5].abs())
     nan_ref = torch.tensor([1.0, float("nan")], dtype=torch.float64)
     assert_rounded_e5m2(torch.tensor([1.0, float("nan")]).to(torch.float8_e5m2), nan_ref, torch.ones(2))
     with pytest.raises(AssertionError, match="NaN mismatch"):

@@ -38,34 +38,35 @@ output plus one rounding of an fp32 intermediate), ``atol = rtol * scale`` where
 typical magnitude of the tensor (``max|ref|``) so that values that cancel to ~0 are judged against the
 magnitudes that produced them.
 
-Rule 3 (values computed in fp32 and stored rounded to nearest even in float8_e5m2, e.g. FP8 gradients):
-e5m2 keeps 2 mantissa bits. In [2^e, 2^(e+1)), e >= -14, its spacing is ulp(e5m2) = 2^(e-2); below 2^-14 the
-subnormals are the multiples of 2^-16; the largest finite value is 57344 and round-to-nearest-even sends
-magnitudes from 61440 (halfway to 65536) on to +-inf. A kernel that computes v' in fp32 with
-|v' - ref| <= err and stores RNE_e5m2(v') has
+Rule 3 (values computed in fp32 and stored rounded to nearest even in float8_e5m2, saturating, e.g. FP8
+gradients): e5m2 keeps 2 mantissa bits. In [2^e, 2^(e+1)), e >= -14, its spacing is ulp(e5m2) = 2^(e-2); below
+2^-14 the subnormals are the multiples of 2^-16; the largest finite value is 57344. Round-to-nearest-even sends
+magnitudes from 61440 (halfway to 65536) on to 65536, which the saturating conversion our kernels use (a Hopper
+GPU's ``cvt.rn.satfinite``; torch's ``.to(torch.float8_e5m2)`` gives +-inf instead) turns into +-57344, as it
+does +-inf. A kernel that computes v' in fp32 with |v' - ref| <= err and stores SAT(RNE_e5m2(v')) has
 
     |out - ref| <= |RNE(v') - v'| + |v' - ref| <= ulp_e5m2(|v'|) / 2 + err <= ulp_e5m2(|ref| + err) / 2 + err
 
-(the spacing never shrinks as the magnitude grows), gives +-inf (ref's sign) only where |ref| + err >= 61440
-and must where |ref| - err >= 61440, and NaN exactly where ref is NaN. The fp32 error is per element,
-``err = E5M2_FP32_ULPS * u_fp32 * terms``, with ``terms`` the magnitude of the terms that make up the value
-(the rounding error of an fp32 computation scales with them, not with a result that cancels), passed by the
+(the spacing never shrinks as the magnitude grows) where nothing saturates, gives +-57344 (ref's sign) where |ref| +
+err >= 61440 (and must where |ref| - err >= 61440), never +-inf, and NaN exactly where ref is NaN. The fp32 error is
+per element, ``err = E5M2_FP32_ULPS * u_fp32 * terms``, with ``terms`` the magnitude of the terms that make up the
+value (the rounding error of an fp32 computation scales with them, not with a result that cancels), passed by the
 test. ``E5M2_FP32_ULPS = 2^10`` is derived for the one user, the soft-capped cross-entropy backward
-(kernels/cross_entropy.py; its fp32 dlogits, the same value unrounded, are held to the same fp32 error):
-dx / scale = g (W p - hit) (A/C) s (1 - s) / scale with p = exp(z - m) / S,
-terms = |g| (W p + hit) (A/C) s / scale (s rather than s (1 - s): the fp32 error of s (1 - s) is a few u of
-s, however small 1 - s is). In units of u = 2^-24, worst case on a GPU: z = A sigmoid((x + B) / C) carries
-at most 6 u A absolute error (the argument's two roundings, exp, add, reciprocal, the product by A);
-exp(z - m) turns that into a relative error of 6 A u = 138 u for z and as much again through S (m cancels
-between numerator and S); y = z - m rounded (|y| u) and the GPU's exp (ex2.approx of y log2 e, (|y| + 2) u)
-add at most (2 A + 2) u = 48 u, twice (numerator, S); S's summation and rescaling add
-(2 A + 4 n + log2 BLOCK_V) u <= 270 u (n <= 50 tiles); the products, the difference and the folded constant
-A / (C * scale) add under 10 u: at most ~650 u, rounded up to 2^10. That is 2^-14 of the terms, at most 2^-10
-of e5m2's half ulp (2^-4 to 2^-3 of the value) where nothing cancels, so the bound stays ulp / 2 to within
-0.1%: a truncating conversion (error up to one ulp) fails on about half of the elements, a skipped or
-misplaced element almost surely, and a scale off by a relative d >> 2^-14 wherever that moves a value across
-a rounding midpoint (a share of roughly d / 2^-3 of the elements). The second output of such a kernel, a
-transposed copy, must hold the same bytes (``torch.equal`` on the uint8 views).
+(kernels/cross_entropy.py; its fp32 dlogits, the same value unrounded, are held to the same fp32 error): dx / scale
+= g (W p - hit) (A/C) s (1 - s) / scale with p = exp(z - m) / S, terms = |g| (W p + hit) (A/C) s / scale (s rather
+than s (1 - s): the fp32 error of s (1 - s) is a few u of s, however small 1 - s is). In units of u = 2^-24, worst
+case on a GPU: z = A sigmoid((x + B) / C) carries at most 7 u A absolute error (tests/test_cross_entropy.py derives
+it: the argument c1 x + c0's roundings, the GPU's 2^t (ex2.approx, 2 ulp), the add, the reciprocal after its Newton
+step, the product by A); exp(z - m) turns that into a relative error of 7 A u = 161 u for z and as much again
+through S (m cancels between numerator and S); y = z - m rounded (|y| u), its product by log2(e) (2 |y| u with the
+constant's rounding) and the GPU's exp2 (4 u) add at most (3 A + 4) u = 73 u, twice (numerator, S); S's summation
+and rescaling add (3 A + 5 n + log2 BLOCK_V) u <= 330 u (n <= 50 tiles); the products, the difference and the folded
+constant A / (C * scale) add under 10 u: at most ~810 u, rounded up to 2^10. That is 2^-14 of the terms, at most
+2^-10 of e5m2's half ulp (2^-4 to 2^-3 of the value) where nothing cancels, so the bound stays ulp / 2 to within
+0.1%: a truncating conversion (error up to one ulp) fails on about half of the elements, a skipped or misplaced
+element almost surely, and a scale off by a relative d >> 2^-14 wherever that moves a value across a rounding
+midpoint (a share of roughly d / 2^-3 of the elements). The second output of such a kernel, a transposed copy, must
+hold the same bytes (``torch.equal`` on the uint8 views).
 
 Rule 4 (sums of the same n fp32 terms in an order that is not fixed: gradients summed over micro-steps and
 reduced across ranks, losses summed over micro-batches): every order of fp32 additions (sequential, a tree, a
@@ -138,7 +139,9 @@ FLOOR = dict(UNIT_ROUNDOFF)
 
 # Rule 3 (float8_e5m2 outputs of fp32 computations): e5m2's grid and the fp32 allowance (derivation above).
 E5M2_MIN_NORMAL = 2.0 ** -14        # below: subnormals, multiples of 2^-16
-E5M2_OVERFLOW = 61440.0             # |v| >= this rounds to inf (halfway between 57344 and 65536, ties to even)
+E5M2_MAX = 57344.0                  # the largest finite value, where the saturating conversion stops
+E5M2_OVERFLOW = 61440.0             # |v| >= this rounds to 65536 (halfway between 57344 and 65536, ties to even),
+                                    # saturated to E5M2_MAX
 E5M2_FP32_ULPS = 2.0 ** 10          # fp32 error before the rounding, in units of u_fp32 x the terms' magnitude
 
 # Rule 5 (FP8 GEMMs): products per tensor-core MMA step and the error allowed per step, of the terms' magnitude.
@@ -273,7 +276,7 @@ def ulp_e5m2(a):
 
 
 def assert_rounded_e5m2(actual, expected64, terms, *, name="output", fp32_ulps=E5M2_FP32_ULPS):
-    """Rule 3: ``actual`` (float8_e5m2) is the round-to-nearest-even e5m2 value of an fp32 result within
+    """Rule 3: ``actual`` (float8_e5m2) is the saturated round-to-nearest-even e5m2 value of an fp32 result within
     ``fp32_ulps * u_fp32 * terms`` of ``expected64`` (float64 exact values; ``terms`` the magnitude of their
     summed terms, same shape): see the module docstring."""
     if actual.dtype != torch.float8_e5m2:
@@ -288,8 +291,8 @@ def assert_rounded_e5m2(actual, expected64, terms, *, name="output", fp32_ulps=E
     bound = 0.5 * ulp_e5m2(torch.nan_to_num(mag, posinf=E5M2_OVERFLOW)) + err
     same_sign = torch.signbit(a) == torch.signbit(e)
     ok_finite = torch.isfinite(a) & ~(e.abs() - err >= E5M2_OVERFLOW) & ((a - e).abs() <= bound)
-    ok_inf = torch.isinf(a) & same_sign & (mag >= E5M2_OVERFLOW)
-    ok = ok_finite | ok_inf | (torch.isnan(a) & torch.isnan(e))
+    ok_sat = (a.abs() == E5M2_MAX) & same_sign & (mag >= E5M2_OVERFLOW)
+    ok = ok_finite | ok_sat | (torch.isnan(a) & torch.isnan(e))
     ok &= torch.isnan(a) == torch.isnan(e)
     if not bool(ok.all()):
         over = torch.where(ok, torch.zeros_like(e), torch.nan_to_num((a - e).abs() / bound, nan=math.inf,
@@ -297,7 +300,8 @@ def assert_rounded_e5m2(actual, expected64, terms, *, name="output", fp32_ulps=E
         flat = int(over.reshape(-1).argmax())
         idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)]
         raise AssertionError(
-            f"{name}: {int((~ok).sum())} of {a.numel()} elements are not the e5m2 rounding of a value within "
+            f"{name}: {int((~ok).sum())} of {a.numel()} elements are not the saturated e5m2 rounding of a value "
+            f"within "
             f"{fp32_ulps:g} u_fp32 x terms of the reference; worst at {idx}: got {a.reshape(-1)[flat].item():.6e}, "
             f"reference {e.reshape(-1)[flat].item():.6e}, e5m2 half ulp "
             f"{0.5 * ulp_e5m2(mag.reshape(-1)[flat:flat + 1]).item():.3e}, fp32 allowance "
