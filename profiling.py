@@ -1,8 +1,9 @@
 """train_gpt.py --profile-steps N: run steps under torch.profiler, write a chrome trace, summarise it as a table.
 
-``profile`` runs a function (the trainer's steps) under torch.profiler, exports the chrome trace and returns
-the lines of ``profile_table``: the kernels with the most total time, the time by category (communication,
-optimizer, attention, matmul, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
+``profile_stages`` profiles N steps from each stage start (the trainer's steps come in as functions);
+``profile`` runs a function under torch.profiler, exports the chrome trace and returns the lines of
+``profile_table``: the kernels with the most total time, the time by category (communication, optimizer,
+attention, matmul, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
 time minus the union of kernel intervals), and how much of the communication ran while other kernels ran
 (overlapped) or alone (exposed). On the CPU the "kernels" are the top-level operators.
 """
@@ -90,3 +91,24 @@ def profile(run, n_steps, device, trace):
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == device_type and (cuda or e.cpu_parent is None)]
     return profile_table(kernels, wall_us, n_steps)[0]
+
+
+def profile_stages(stages, n_steps, rewind, train_step, reset, log, d):
+    """--profile-steps N, before the timed run: for each stage (start, end) of ``stages`` (the last ends the run),
+    rewind(start) (the first documents, the schedule at start), then steps start .. start + N - 1 (train_step(s),
+    N cut at the run's end) under torch.profiler (``profile``): a chrome trace per stage and rank next to the log,
+    a table in the log; then reset() (the trainer's full state reset, as after the compile warmup). Untimed: the
+    record's train time never includes the profiler. The steps start from the initial weights, not from the
+    weights the run has at that stage: kernel times depend on shapes, not values. d: the run's ranks and device."""
+    for i, (start, end) in enumerate(stages):
+        if start >= end:
+            continue
+        rewind(start)
+        n = min(n_steps, stages[-1][1] - start)
+        trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
+        lines = profile(lambda: [train_step(s) for s in range(start, start + n)], n, d.device, trace)
+        log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
+            + ("" if d.device.type == "cuda" else " (CPU: top-level operators, not GPU kernels)"))
+        for line in lines:
+            log(line)
+    reset()

@@ -11,10 +11,12 @@ names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with t
 
 This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
 data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
-it imports (they import nothing from it): run_log.py (the log's copy of the code, its header), compilation.py
-(the compile report, --compile-cache), profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling)
-and flags.py (the flags made from Hyperparameters); kernels/ holds the Triton kernels and the FP8 head op,
-data/ the shard format and the HellaSwag set.
+it imports (they import nothing from it): run_log.py (the shards and the run id; the log: its copy of the code,
+header and footer), compilation.py (the compile warmup's report, --compile-cache, the recompile check),
+profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling, the --hellaswag and --sample modes) and
+flags.py (the flags made from Hyperparameters, the settings' error); kernels/ holds the Triton kernels and the
+FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format and
+the HellaSwag set.
 
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
@@ -76,10 +78,8 @@ or stages without changing shapes is a tensor argument: the multi-token weights 
 the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
 dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
 kernels over the documents, a sliding window, no templates to compile), the FP8 head + loss, and the bf16
-head's CE kernel. The log has a `compile_phase:` line per warmup phase, `compile_warmup_s`, `compile_cache:`
-(cold, warm, or loaded from --compile-cache PATH, which keeps the compiled artefacts with a version stamp)
-and `compile_report:` lines (per compiled frame: dynamo, AOT autograd, inductor and Triton seconds).
-The inputs of every call, training, validation, evaluation and sampling, come from one function
+head's CE kernel. The warmup compiles every shape before the clock starts; its log lines and --compile-cache:
+compilation.py. The inputs of every call, training, validation, evaluation and sampling, come from one function
 (`model_inputs`); evaluation and sampling run the same layers eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
@@ -110,14 +110,12 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
 import dataclasses
-import json
 import math
 import os
 import queue
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -133,23 +131,23 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from compilation import compile_metrics, log_compilation, open_compile_cache, unique_graphs
+from compilation import Compilation
 from data.hellaswag import HellaSwagError
-from data.prepare_text import PrepareError, load_gpt2
-from data.shards import ShardError, load_shard, shard_files
-from evaluation import GPT2_VOCAB, HellaSwag, generate, hellaswag_scores, real_vocab
-from flags import ArgumentParser, add_dataclass_flags, launch_rank
+from data.prepare_text import PrepareError
+from data.shards import ShardError, check_token_ids, load_shard
+from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
+from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
-from kernels.hardware import ceilings_for
+from kernels.hardware import keep_freed_memory
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
-from profiling import profile
-from run_log import Logger, header_lines, source_dump
+from profiling import profile_stages
+from run_log import check_run_id, log_summary, new_run_id, open_log, resolve_files
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -394,11 +392,6 @@ def max_doc_len_at(hp, step):
 
 # -----------------------------------------------------------------------------
 # Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
-
-
-class SettingsError(ValueError):
-    """A setting (a flag, a default it combines with, or the launch) that cannot work; main() prints it as one
-    line naming the flag and exits with code 2 (see check_settings)."""
 
 
 def check_world_size(world_size):
@@ -1448,25 +1441,6 @@ class Optimizer:
 # Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
 
 
-def check_token_ids(files, vocab_size, vocabulary=None):
-    """The largest token id in the shards; a ShardError naming the file and the first position of an id
-    >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the
-    CPU, a device-side assert on the GPU). vocabulary: what the limit is, for the message (default: the
-    model's vocabulary). One vectorised max over each memory-mapped shard (a 100M-token shard is 200 MB: a
-    fraction of a second from the page cache)."""
-    top = -1
-    for f in files:
-        tokens = load_shard(f, mmap=True)
-        m = int(tokens.max())
-        if vocab_size is not None and m >= vocab_size:
-            pos = int(np.argmax(tokens >= vocab_size))
-            what = vocabulary or f"the model's vocabulary (vocab_size {vocab_size})"
-            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside {what}; were these "
-                             f"shards made with another tokenizer?")
-        top = max(top, m)
-    return top
-
-
 def fit_to_data(hp, train_files, val_files, bos_id=None):
     """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them: ids
     must lie in GPT-2's vocabulary (the tokenizer of --sample and --hellaswag), vocab_size is the largest id + 1
@@ -1855,62 +1829,6 @@ def warmup(trainer, log=None):
     return phases
 
 
-def compile_warmup(trainer, log, cache=None):
-    """Compile every shape before the clock starts (warmup) and log how it went (compilation.log_compilation)."""
-    if not trainer.hp.compile:
-        # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
-        log("compile_warmup_s: 0.0")
-        return
-    n_before = len(compile_metrics())
-    phases = warmup(trainer, log)
-    log_compilation(log, phases, compile_metrics()[n_before:], cache, trainer.d)
-
-
-def resolve_files(hp):
-    """(train shard paths, val shard paths); a missing corpus names the commands that make one."""
-    try:
-        return shard_files(hp.train_files), shard_files(hp.val_files)
-    except FileNotFoundError as e:
-        hint = "" if "cached_fineweb10B" in str(e) else "; get the FineWeb shards with `python data/cached_fineweb10B.py 9`"
-        raise FileNotFoundError(f"{e}{hint}, or make shards from your own text with `python data/prepare_text.py` "
-                                f"and point --train-files / --val-files at them") from e
-
-
-def new_run_id(d):
-    """A fresh run id (date, time, random suffix), the same on every rank: rank 0's, broadcast."""
-    run_id = [f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"]
-    if d.world > 1:
-        dist.broadcast_object_list(run_id, src=0)
-    return run_id[0]
-
-
-def open_log(hp, args, d, train_files, val_files, run_id):
-    """The run's log LOG_DIR/RUN_ID.txt, started with the code that ran and the header, then its own path and
-    the checkpoint folder's (printed too). The log is created, never overwritten: check_settings refused a taken
-    --run-id, and a log made since then by another process is refused here."""
-    path = Path(args.log_dir) / f"{run_id}.txt"
-    try:
-        log = Logger(path, d.rank == 0)
-    except FileExistsError:
-        raise SettingsError(f"--run-id {run_id}: the log {path} exists (a log is never overwritten)") from None
-    log(source_dump(), console=False)
-    log("=" * 100, console=False)
-    for line in header_lines(hp, d, train_files, val_files):
-        log(line, console=False)
-    log("=" * 100, console=False)
-    log(f"log_file: {path}")
-    log(f"checkpoint_dir: {Path(args.checkpoint_dir) / run_id}")
-    return log
-
-
-def resume(trainer, path, log):
-    """Load a checkpoint into the trainer; returns (first step to run, train time so far in ms)."""
-    ck = load_checkpoint(path, trainer.params, trainer.opt, trainer.d)
-    trainer.loader.load_state(ck["loader"])
-    log(f"resumed_from: {path} step {ck['step']}")
-    return ck["step"], ck["train_time_ms"]
-
-
 def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
     """Steps start_step .. total_steps with validations and checkpoints; the clock stops during both.
     Returns (train time in ms, {stage index: [step times in ms]})."""
@@ -1965,63 +1883,6 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
     return train_ms, stage_ms
 
 
-def matmul_params(hp):
-    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
-    C = hp.model_dim
-    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
-
-
-def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup):
-    """The footer: peak memory, tokens/s, MFU against the measured matmul ceiling, per-stage step times,
-    recompilations during the timed run."""
-    hp, d = trainer.hp, trainer.d
-    cuda = d.device.type == "cuda"
-    if cuda:
-        log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
-            f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-    steps_run = hp.total_steps - start_step
-    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
-    tok_s = tokens / d.world / max(train_ms / 1000, 1e-9) if steps_run else 0.0
-    log(f"tokens_per_s_per_gpu: {tok_s:.0f}")
-    name = torch.cuda.get_device_name(d.device) if cuda else ""
-    ceilings = ceilings_for(name) if cuda else None
-    if ceilings:
-        peak = ceilings[1]
-        log(f"mfu: {100 * 6 * matmul_params(hp) * tok_s / peak:.1f}% (6 FLOPs per matmul weight per token, "
-            f"attention scores excluded, of {peak / 1e12:.0f} TFLOP/s: measured dense bf16 matmul on {name}, "
-            f"kernels/hardware.py)")
-    else:
-        log("mfu: n/a (no peak FLOP/s figure for this device)")
-    log("stage_step_avg: " + " ".join(f"stage{i}:{sum(v) / len(v):.2f}ms" for i, v in sorted(stage_ms.items())))
-    if hp.compile:
-        extra = unique_graphs() - graphs_after_warmup
-        log(f"recompiles_during_timed_run: {extra}" + ("  WARNING: shapes or guards changed after warmup"
-                                                         if extra else ""))
-
-
-def profile_stages(trainer, log):
-    """--profile-steps N: before the timed run, N steps from each stage start under torch.profiler (a chrome
-    trace per stage and rank next to the log, a table in the log: profiling.profile), then a full state reset as
-    after the compile warmup. Untimed: the record's train time never includes the profiler. The steps start from
-    the initial weights, not from the weights the run has at that stage: kernel times depend on shapes, not
-    values."""
-    hp, d = trainer.hp, trainer.d
-    for i, (start, end, _) in enumerate(stage_bounds(hp)):
-        if start >= end:
-            continue
-        trainer.loader.rewind(start)
-        n = min(hp.profile_steps, hp.total_steps - start)
-        trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
-        lines = profile(lambda: [trainer.train_step(s, want_loss=False) for s in range(start, start + n)], n,
-                        d.device, trace)
-        log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
-            + ("" if d.device.type == "cuda" else " (CPU: top-level operators, not GPU kernels)"))
-        for line in lines:
-            log(line)
-    trainer.loader.close()
-    trainer.reset()
-
-
 def run_training(hp, args, d):
     """One training run: files, the --resume check, log header, then train() inside it; a run that fails after
     the log opened ends its log with a run_failed: line. Returns (log path, checkpoint folder)."""
@@ -2042,26 +1903,36 @@ def run_training(hp, args, d):
 
 
 def train(hp, args, d, train_files, val_files, log, ckpt_dir):
-    """Trainer, compile warmup, optional resume, timed loop, footer."""
-    cache = open_compile_cache(args.compile_cache, hp.compile, d, log)
+    """Trainer, compile warmup (compilation.Compilation), optional profile and resume, timed loop, footer."""
+    compiling = Compilation(hp.compile, args.compile_cache, d, log)
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"embedding_backward: {trainer.fns.embed_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    compile_warmup(trainer, log, cache)
-    if hp.profile_steps > 0:
-        profile_stages(trainer, log)
-    graphs_after_warmup = unique_graphs()
-    start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
+    compiling.warmup(lambda: warmup(trainer, log))
+    if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
+        profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
+                       lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
+    compiling.timed_run_starts()
+    start_step, train_ms = 0, 0.0
+    if args.resume:
+        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
+        trainer.loader.load_state(ck["loader"])
+        log(f"resumed_from: {args.resume} step {ck['step']}")
+        start_step, train_ms = ck["step"], ck["train_time_ms"]
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume))
-    log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup)
+    C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
+    weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
+    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
+    log_summary(log, d, tokens, train_ms, stage_ms, weights)
+    compiling.log_recompiles()
 
 
 # -----------------------------------------------------------------------------
-# Evaluation and sampling: the model as evaluation.py takes it (sequence_logits), --hellaswag, --sample
+# Evaluation and sampling: the model as evaluation.py takes it (model_logits) and a checkpoint's (load_model)
 
 
 @torch.no_grad()
@@ -2099,45 +1970,6 @@ def load_model(path, d):
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
-def evaluate_hellaswag(args, d):
-    """--hellaswag CHECKPOINT: accuracy of the checkpoint's model; printed and written next to it."""
-    hp, params, fns = load_model(args.hellaswag, d)
-    over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
-    hp = dataclasses.replace(hp, **over)
-    bench = HellaSwag(hp, d, BLOCK)
-    graphs, t0 = unique_graphs(), time.perf_counter()
-    res = bench.evaluate(model_logits(hp, params, fns, {}))
-    res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
-            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token",
-            "packs": len(bench.packs), "seconds": round(time.perf_counter() - t0, 1),
-            "compiled_graphs": unique_graphs() - graphs}
-    if d.rank == 0:
-        print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
-        print(f"hellaswag_eval: {res['packs']} packs of {bench.packs[0].ids.numel() if bench.packs else 0} tokens "
-              f"on rank 0, {res['seconds']} s, {res['compiled_graphs']} graphs compiled")
-        (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
-    return res
-
-
-def sample(args, d):
-    """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
-    sequence), drawn with --temperature / --top-k from a generator seeded with --seed."""
-    hp, params, fns = load_model(args.sample, d)
-    enc = load_gpt2()
-    prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
-    g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
-    model, texts, graphs = model_logits(hp, params, fns, {}), [], unique_graphs()
-    for i in range(args.num_samples):
-        ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, g, d.device)
-        texts.append(enc.decode(ids[1:]))
-        if d.rank == 0:
-            print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
-    if d.rank == 0:  # on stderr: stdout is the text
-        print(f"sample_eval: {unique_graphs() - graphs} graphs compiled (the model runs eagerly)",
-              file=sys.stderr)
-    return texts
-
-
 # -----------------------------------------------------------------------------
 # Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
 
@@ -2156,7 +1988,6 @@ HP_RANGES = {
 }
 # The same for the flags that are not hyperparameters (sampling).
 ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None)}
-RUN_ID_CHARS = "letters, digits, '.', '_' and '-', not starting with '.'"
 
 
 def flag_name(field):
@@ -2175,16 +2006,8 @@ def check_settings(hp, args, world, cuda):
     training = not (args.sample or args.hellaswag)
     if args.sample and args.hellaswag:
         raise SettingsError("--sample and --hellaswag: give one of them")
-
-    def bounded(name, value, lo, hi):
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            rule = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise SettingsError(f"{flag_name(name)}: must be {rule}, got {value}")
-
-    for name, (lo, hi) in HP_RANGES.items():
-        bounded(name, getattr(hp, name), lo, hi)
-    for name, (lo, hi) in ARG_RANGES.items():
-        bounded(name, getattr(args, name), lo, hi)
+    check_ranges(hp, HP_RANGES, flag_name)
+    check_ranges(args, ARG_RANGES, flag_name)
     if hp.untie_stage >= len(hp.stages) or not any(
             slow_adam_step(hp, s) for s in range(stage_bounds(hp)[hp.untie_stage][0], hp.total_steps)):
         raise SettingsError(f"--untie-stage: {hp.untie_stage} is not a stage with an Adam step to untie after (the "
@@ -2248,14 +2071,8 @@ def check_settings(hp, args, world, cuda):
     if not cuda and not args.smoke:
         raise SettingsError("the full model needs a CUDA GPU and torch sees none; use --smoke for a tiny CPU model "
                             "(its flags can be changed like any other)")
-    run_id = args.run_id
-    if run_id is not None:
-        if not run_id or run_id.startswith(".") or any(not (c.isalnum() or c in "._-") for c in run_id):
-            raise SettingsError(f"--run-id {run_id!r}: use {RUN_ID_CHARS}")
-        for taken in (Path(args.log_dir) / f"{run_id}.txt", Path(args.checkpoint_dir) / run_id):
-            if taken.exists():
-                raise SettingsError(f"--run-id {run_id} is taken: {taken} exists (a run never overwrites another's "
-                                    f"log or checkpoints; choose another id, or leave --run-id out for a new one)")
+    if args.run_id is not None:
+        check_run_id(args.run_id, args.log_dir, args.checkpoint_dir)
 
 
 # -----------------------------------------------------------------------------
@@ -2324,20 +2141,6 @@ def hyperparameters_from(args):
     return hp
 
 
-def keep_freed_memory():
-    """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
-    allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
-    each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
-    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-4, 0)  # M_MMAP_MAX: serve large blocks from the heap as well
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of free heap
-    except (OSError, AttributeError):
-        pass
-
-
 # Problems with the user's settings, data, checkpoint or launch: one line and exit code 2 (bugs keep their traceback).
 USER_ERRORS = (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError)
 
@@ -2371,9 +2174,9 @@ def run(args):
     d = setup_distributed()
     try:
         if args.sample:
-            return sample(args, d)
+            return sample(args, d, load_model, model_logits)
         if args.hellaswag:
-            return evaluate_hellaswag(args, d)
+            return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
         torch.manual_seed(hp.seed)
         return run_training(hp, args, d)
     finally:

@@ -22,7 +22,7 @@ from tolerances import assert_close_report, assert_matches_torch
 
 import run_log
 import train_gpt as tg
-from data.shards import write_shard
+from data.shards import shard_files, write_shard
 from flags import field_comments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,8 +275,8 @@ def test_resume_gpu(gpu_runs):
 def test_trainer_reset_restores_initial_state(smoke_data, device):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    files = tg.shard_files(hp.train_files)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, tg.shard_files(hp.val_files))
+    files = shard_files(hp.train_files)
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, shard_files(hp.val_files))
     tr.train_step(0, want_loss=False)
     tr.opt.untie()
     assert not torch.equal(tr.params["attn_bank"], tr.initial["attn_bank"])
@@ -303,8 +303,8 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2)
     assert not tg.slow_adam_step(hp, tg.stage_bounds(hp)[-1][0]), "the last stage must start on a fast step"
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     updates = []
     real_adam = tr.opt._adam
     monkeypatch.setattr(tr.opt, "_adam", lambda items, lr_mul: (
@@ -331,8 +331,8 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     world size 1's micro-gradients and losses (tests/test_world_sizes.py)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     mbs = tr.loader.next()
     assert len(mbs) == tg.SLOTS
     tr.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": 0})
@@ -682,7 +682,7 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     trainers = []
     for on in (False, True):
         tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), tg.Dist(device=torch.device(device)),
-                        tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+                        shard_files(hp.train_files), shard_files(hp.val_files))
         assert tr.fns.embed_accs == (on and device == "cuda")
         assert tr.fns.embed_path.startswith("added into" if on and device == "cuda" else "dense gradient")
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
@@ -920,7 +920,7 @@ def test_loader_document_boundaries_follow_its_documents(smoke_data):
     """The training loader's cu_seqlens are doc_cu_seqlens of its ids: every slot starts with a BOS, and no document
     is longer than max_doc_len (the bound the FlashAttention grid uses)."""
     hp = tg.smoke_hyperparameters()
-    files = tg.shard_files(smoke_data / "smoke_train_*.bin")
+    files = shard_files(smoke_data / "smoke_train_*.bin")
     ld = tg.TrainLoader(hp, files, tg.Dist(), lambda s: 256)
     for step in range(hp.total_steps):  # both document cuts of the smoke stages (96, then 192 tokens)
         for mb in ld.next():
@@ -994,7 +994,7 @@ def test_flash_attend_backward_is_deterministic_when_asked():
 
 def test_loader_rank_split_matches_single_rank(smoke_data):
     hp = tg.smoke_hyperparameters()
-    files = tg.shard_files(smoke_data / "smoke_train_*.bin")
+    files = shard_files(smoke_data / "smoke_train_*.bin")
     T = 256
     out = {}
     for world in (1, 2):
@@ -1111,15 +1111,6 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, scri
     assert err.count("\n") == 1 and err.startswith(f"train_gpt.py: error: {message}"), err
 
 
-def test_check_token_ids_returns_the_largest_id(tmp_path):
-    a = _write_ids(tmp_path / "a.bin", [5, 511, 7])
-    b = _write_ids(tmp_path / "b.bin", [3, 4])
-    assert tg.check_token_ids([a, b], 512) == 511
-    assert tg.check_token_ids([b], None) == 4
-    with pytest.raises(tg.ShardError, match=r"a\.bin: token id 511 at position 1 .*vocab_size 511"):
-        tg.check_token_ids([b, a], 511)
-
-
 @pytest.mark.parametrize("top, vocab", [(511, 512), (512, 640), (50256, 50304)])
 def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     f = _write_ids(tmp_path / "s.bin", [top, 1, 2, top, 3])
@@ -1165,7 +1156,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     them (the 512-token smoke model used to fail in F.embedding), starting near ln(50304)."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
     train, val = _gpt2_shards(tmp_path)
-    files, val_files = tg.shard_files(train), tg.shard_files(val)
+    files, val_files = shard_files(train), shard_files(val)
     hp = tg.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
     assert (hp.vocab_size, hp.bos_id) == (50304, 50256)
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, val_files)
@@ -1335,8 +1326,8 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     for s in range(hp.total_steps):
         w = tg.mtp_weights_at(hp, s)
         assert tr.mtp[s].tolist() == pytest.approx(list(w) + [0.0] * (3 - len(w)), abs=1e-7), s
