@@ -109,6 +109,7 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 (StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
+import contextlib
 import dataclasses
 import math
 import os
@@ -1830,14 +1831,22 @@ def warmup(trainer, log=None):
 
 
 def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
-    """Steps start_step .. total_steps with validations and checkpoints; the clock stops during both.
+    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints; the clock stops during each.
     Returns (train time in ms, {stage index: [step times in ms]})."""
     hp, d = trainer.hp, trainer.d
-    cuda = d.device.type == "cuda"
 
     def sync():
-        if cuda:
+        if d.device.type == "cuda":
             torch.cuda.synchronize()
+
+    @contextlib.contextmanager
+    def clock_stopped():  # train_ms counts up to here (the device's queued work done); the block is not timed
+        nonlocal train_ms, t0
+        sync()
+        train_ms += 1000 * (time.perf_counter() - t0)
+        yield
+        sync()
+        t0 = time.perf_counter()
 
     T_total = hp.total_steps
     stage_ms = {}
@@ -1847,29 +1856,19 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         last = step == T_total
         first = step == start_step and resumed
         if last or (hp.val_every > 0 and step % hp.val_every == 0):
-            sync()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            windows, yarn_long = val_windows(hp, step)
-            val = trainer.validate(windows, yarn_long=yarn_long)
-            log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
-                f"step_avg:{train_ms / max(step, 1):.2f}ms")
-            sync()
-            t0 = time.perf_counter()
+            with clock_stopped():
+                windows, yarn_long = val_windows(hp, step)
+                val = trainer.validate(windows, yarn_long=yarn_long)
+                log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
+                    f"step_avg:{train_ms / max(step, 1):.2f}ms")
         if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
-            if cuda:
-                torch.cuda.synchronize()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                                          windows_at(hp, min(step, T_total - 1))))
-            log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            with clock_stopped():
+                res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                                              windows_at(hp, min(step, T_total - 1))))
+                log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
         if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-            sync()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
-            t0 = time.perf_counter()
+            with clock_stopped():
+                save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
         if last:
             break
         t_step = time.perf_counter()
