@@ -508,12 +508,7 @@ def init_params(hp, device, seed):
     """All parameters (PARAMS) as a flat dict of leaf tensors: matrices in hp.param_dtype, the rest fp32."""
     g = torch.Generator().manual_seed(seed)
     C, V, L, G = hp.model_dim, hp.vocab_size, hp.num_layers, hp.gate_dims
-    n_attn, H = len(hp.attn_layers), hp.num_heads
-    assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
-    if hp.paired_heads and H % 2:
-        raise ValueError(f"paired heads need an even num_heads, got {H} (or use --no-paired-heads)")
-    if hp.backout and not 0 <= hp.backout_layer < L:
-        raise ValueError(f"backout_layer {hp.backout_layer} is not a layer index (num_layers {L})")
+    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by check_settings
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C), every attention matrix (W_o too)
 
     def uniform(*shape):
@@ -1716,8 +1711,6 @@ class Trainer:
     def __init__(self, hp, d, train_files, val_files):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
-        if hp.adam_every < 1:
-            raise ValueError(f"adam_every must be >= 1, got {hp.adam_every}")
         self.params = init_params(hp, d.device, hp.seed)
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
         self.opt = Optimizer(hp, self.params, d)

@@ -200,6 +200,7 @@ BAD_SETTINGS = [
     (["--bos-id", "60000"], "--bos-id: 60000 is not a token id (0 .. 50256)"),
     (["--no-vocab-from-data", "--bos-id", "600"], "--bos-id: 600 is not a token id (0 .. 511)"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--adam-every", "0"], "--adam-every: must be >= 1, got 0"),
     (["--run-id", "../elsewhere"], "--run-id '../elsewhere': use letters, digits"),
     (["--sample", "ckpt", "--max-new-tokens", "-3"], "--max-new-tokens: must be >= 1, got -3"),
     (["--sample", "ckpt", "--top-k", "-1"], "--top-k: must be >= 0, got -1"),
