@@ -246,12 +246,9 @@ class Hyperparameters:
     def num_ve(self):
         return max(self.ve_tables) + 1
 
-
-def hyperparameters_from_dict(d):
-    """Inverse of dataclasses.asdict (checkpoints store the hyperparameters as plain data)."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k != "stages"}
-    return Hyperparameters(**fields, stages=tuple(Stage(**{**s, **{k: tuple(s[k]) for k in TUPLE_STAGE_FIELDS}})
-                                                  for s in d["stages"]))
+    @property
+    def paired_layers(self):
+        return set(self.paired_head_layers) if self.paired_heads else set()
 
 
 def smoke_hyperparameters(**overrides):
@@ -282,9 +279,6 @@ class Stage:
     max_doc_len: int  # a document is cut to this many tokens in a training micro-batch (the rest is dropped)
     mtp_start: tuple = (1.0,)  # multi-token prediction weights w_0.. at the stage's first step ...
     mtp_end: tuple = (1.0,)  # ... and at its end (linear in between, as in the public record)
-
-
-TUPLE_STAGE_FIELDS = ("windows", "mtp_start", "mtp_end")
 
 
 # The public record's three batch-size stages plus a short extension at the final learning rate; its
@@ -387,24 +381,15 @@ def micro_tokens_at(hp, step):
     return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
-def max_doc_len_at(hp, step):
-    return stage_at(hp, min(step, hp.total_steps - 1))[1].max_doc_len
-
-
 # -----------------------------------------------------------------------------
 # Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
 
 
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
-        raise UnsupportedWorldSize(f"world size {world_size} is not supported: it must divide the {SLOTS} "
-                                   f"micro-batches of the global batch (use 1, 2, 4 or 8 processes: torchrun "
-                                   f"--nproc_per_node)")
+        raise SettingsError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
+                            f"of the global batch (use 1, 2, 4 or 8 processes: torchrun --nproc_per_node)")
     return SLOTS // world_size
-
-
-class UnsupportedWorldSize(SettingsError):
-    """The number of processes does not divide the global batch's micro-batches."""
 
 
 @dataclass
@@ -462,10 +447,6 @@ def all_gather_rows(d, shard, out):
 
 # -----------------------------------------------------------------------------
 # Parameters
-
-
-def padded_rows(rows, world):
-    return -(-rows // world) * world
 
 
 @dataclass(frozen=True)
@@ -545,13 +526,6 @@ def init_params(hp, device, seed):
     dtype = getattr(torch, hp.param_dtype)
     return {k: v.to(device=device, dtype=dtype if PARAMS[k].matrix else torch.float32).requires_grad_()
             for k, v in p.items()}
-
-
-def scalar_views(hp, scalars):
-    """(attn_lambdas (n_attn, 2), smear_lambda, backout_lambda, skip_lambda): views of the one scalars tensor."""
-    n = 2 * len(hp.attn_layers)
-    smear, backout, skip = scalars[n:n + 3]
-    return scalars[:n].view(-1, 2), smear, backout, skip
 
 
 # -----------------------------------------------------------------------------
@@ -635,19 +609,6 @@ def rotary(x, cos, sin):
 def doc_ids(ids, bos_id):
     """Document index per position (cumulative BOS count): the mask allows attention within a document."""
     return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
-
-
-def stationary_dims(D, device):
-    """(D,) bool: the head dims rotary leaves alone (pairs with zero frequency: i mod D/2 >= D/4)."""
-    return torch.arange(D, device=device) % (D // 2) >= D // 4
-
-
-def dense_mask(docs, window):
-    """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the attention mask)."""
-    T = docs.numel()
-    q = torch.arange(T, device=docs.device)
-    rel = q[:, None] - q[None, :]
-    return (rel >= 0) & (rel < window) & (docs[:, None] == docs[None, :])
 
 
 def doc_cu_seqlens(ids, bos_id):
@@ -739,8 +700,10 @@ def flash_attend(q, k, v, seq, window, scale):
 
 
 def dense_attend(q, k, v, seq, window, scale):
-    """CPU path (and the tests' reference): SDPA with the same mask, dense."""
-    mask = dense_mask(seq.docs, window)
+    """CPU path (and the tests' reference): SDPA with the same mask, dense: causal, same document, q - k < window."""
+    pos = torch.arange(seq.docs.numel(), device=seq.docs.device)
+    rel = pos[:, None] - pos[None, :]
+    mask = (rel >= 0) & (rel < window) & (seq.docs[:, None] == seq.docs[None, :])
     y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                        attn_mask=mask, scale=scale)
     return y.transpose(0, 1)
@@ -769,7 +732,8 @@ def make_attn_sublayer(hp, attend):
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
         if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
-            k = torch.where(stationary_dims(D, k.device) & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+            stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4  # the pairs of zero frequency
+            k = torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.
@@ -884,10 +848,6 @@ class MicroBatch:
         return self._map(lambda t: t.to(device, non_blocking=True))
 
 
-def paired_layers(hp):
-    return set(hp.paired_head_layers) if hp.paired_heads else set()
-
-
 class AttnTables(NamedTuple):
     """What attention needs besides the tokens, for micro-batches of T tokens at windows (short, long): tensors
     made once per (T, windows) on the host and passed to the compiled region as arguments, so that a stage
@@ -916,7 +876,7 @@ def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
         dtype = getattr(torch, hp.param_dtype)
         freq, scale = yarn_state(hp, yarn_long)
         cos, sin = rotary_tables(hp, T, device, dtype, freq)
-        pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if paired_layers(hp) else (None, None)
+        pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if hp.paired_layers else (None, None)
         short, long = (torch.tensor(w * BLOCK, dtype=torch.int64) for w in windows)
         cache[key] = AttnTables(cos, sin, pcos, psin, torch.tensor(scale, dtype=torch.float32, device=device),
                                 short, long, max_len)
@@ -958,7 +918,7 @@ def make_layers(hp, attend):
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device."""
     attn = make_attn_sublayer(hp, attend)
-    paired = paired_layers(hp)
+    paired = hp.paired_layers
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
@@ -969,11 +929,12 @@ def make_layers(hp, attend):
         seq = DocSeq(cu, docs, tables.max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
-        attn_lam, smear_lambda, backout_lambda, skip_lambda = scalar_views(hp, params["scalars"])
+        n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
+        smear_lambda, backout_lambda, skip_lambda = params["scalars"][n:n + 3]
         resid, post = params["resid_lambdas"].unbind(0), params["post_lambdas"].unbind(0)
         x0_lams, b_lams = params["x0_lambdas"].unbind(0), params["bigram_lambdas"].unbind(0)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
-        attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
+        attn_lams = params["scalars"][:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].unbind(0)
@@ -1085,24 +1046,9 @@ def build_fns(hp, device, compile_model, attention="auto"):
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path)
 
 
-def region_cu(hp, ids, cu):
-    """The document boundaries as the compiled region takes them: on ids' device, the number of documents marked
-    as a dynamic dimension (any count, one graph)."""
-    if cu is None:
-        cu = doc_cu_seqlens(ids, hp.bos_id)
-    cu = cu.to(ids.device, non_blocking=True)
-    torch._dynamo.mark_dynamic(cu, 0)
-    return cu
-
-
-def model_params(params):
-    """The parameters read inside the compiled region (the embedding tables are read by the eager lookups)."""
-    return {k: params[k] for k in PARAMS if PARAMS[k].region}
-
-
 class ModelInputs(NamedTuple):
     """The arguments of fns.layers (in this order); train_step and val_step take the targets before tables."""
-    params: dict  # the parameters read inside the compiled region (model_params)
+    params: dict  # the parameters read inside the compiled region (PARAMS' region rows)
     e: torch.Tensor  # (T, C) token embeddings
     ves: list  # [(T, C)] value embeddings, one per table
     big: Optional[torch.Tensor]  # (T, C) bigram embeddings (None with --no-bigram)
@@ -1120,8 +1066,11 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
-    cu = region_cu(hp, ids, batch.cu_seqlens)
-    return ModelInputs(model_params(params), e, ves, big, ids, cu, tables)
+    cu = doc_cu_seqlens(ids, hp.bos_id) if batch.cu_seqlens is None else batch.cu_seqlens
+    cu = cu.to(ids.device, non_blocking=True)  # the number of documents: a dynamic dimension (any count, one graph)
+    torch._dynamo.mark_dynamic(cu, 0)
+    region = {k: params[k] for k in PARAMS if PARAMS[k].region}  # the embedding tables: read by the lookups
+    return ModelInputs(region, e, ves, big, ids, cu, tables)
 
 
 def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None):
@@ -1137,19 +1086,6 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 # -----------------------------------------------------------------------------
 # Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
 
-def is_muon(name):
-    return PARAMS[name].optim == "muon"
-
-
-def is_slow(name):
-    """Stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
-    return PARAMS[name].optim == "adam" and PARAMS[name].slow
-
-
-def normuon_update_cpu(o, v2, master, lr_mul, param_out, *, lr, beta2, wd):
-    """kernels.normuon.normuon_update's contract (param_out written in place) through its PyTorch reference."""
-    param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, lr=lr, beta2=beta2, wd=wd, param_dtype=param_out.dtype))
-
 
 class StepKernels(NamedTuple):
     """The optimizer's kernels: our Triton kernels on CUDA; on the CPU their PyTorch references (the same math;
@@ -1161,22 +1097,28 @@ class StepKernels(NamedTuple):
     transpose_add: object  # dst += src.T
     transpose_copy: object  # dst = src.T
 
+    @staticmethod
+    def on(device):
+        if device.type == "cuda":
+            return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step,
+                               transpose_add, transpose_copy)
 
-def step_kernels(device):
-    if device.type == "cuda":
-        return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step, transpose_add,
-                           transpose_copy)
-    return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_update_cpu, fused_adamw_multi_step_ref,
-                       transpose_add_ref, transpose_copy_ref)
+        def normuon_cpu(o, v2, master, lr_mul, param_out, **kw):  # the kernel's contract: param_out in place
+            param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, param_dtype=param_out.dtype, **kw))
+        return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_cpu, fused_adamw_multi_step_ref,
+                           transpose_add_ref, transpose_copy_ref)
 
 
 class Group:
-    """One parameter: its fp32 gradient accumulator (rows padded) and this rank's optimizer shard."""
+    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded) and this rank's optimizer
+    shard. slow: stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
 
     def __init__(self, name, param, d):
-        self.name, self.param = name, param
+        self.name, self.param, self.spec = name, param, PARAMS[name]
+        self.muon = self.spec.optim == "muon"
+        self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
-        self.rows_pad = padded_rows(self.rows, d.world)
+        self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
         self.k = self.rows_pad // d.world
         self.lo = d.rank * self.k
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
@@ -1197,7 +1139,7 @@ class Group:
         self.master = self.shard_of(p)  # fp32 master of my rows
         self.sync_shard_param()
         self.step = 0
-        if is_muon(self.name):
+        if self.muon:
             M, N = p.shape[1:]
             self.mom = torch.zeros_like(self.master)
             self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
@@ -1209,11 +1151,10 @@ class Group:
     def sync_shard_param(self):
         """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
         (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard."""
-        copy = is_muon(self.name)
-        self.shard_param = self.master.to(self.param.dtype, copy=copy)
+        self.shard_param = self.master.to(self.param.dtype, copy=self.muon)
 
     def state_tensors(self):
-        keys = ("master", "mom", "v2") if is_muon(self.name) else ("master", "exp_avg", "exp_avg_sq")
+        keys = ("master", "mom", "v2") if self.muon else ("master", "exp_avg", "exp_avg_sq")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -1231,7 +1172,7 @@ class Optimizer:
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
-        self.k = step_kernels(d.device)
+        self.k = StepKernels.on(d.device)
         self.groups = {n: Group(n, params[n], d) for n in PARAMS}
         self._embedding_accs = None  # embedding_accs(), made on first use
         self.tied = True
@@ -1243,9 +1184,9 @@ class Optimizer:
         for g in self.groups.values():
             g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
         for g in self.groups.values():
-            if is_muon(g.name):  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
+            if g.muon:  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
                 idx = torch.arange(g.lo, g.lo + g.k, device=d.device)
-                g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if PARAMS[g.name].proj else 1.0, 1.0).float()
+                g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
 
     @torch.no_grad()
     def accumulate(self):
@@ -1287,7 +1228,7 @@ class Optimizer:
         while tied the head's (tied_final never holds "embed")."""
         if not self._fold(g):
             return
-        if self.final is None or (is_slow(g.name) and not self.final):
+        if self.final is None or (g.slow and not self.final):
             return
         if self.tied and g.name in ("embed", "lm_head"):
             self.tied_final.add(g.name)
@@ -1339,7 +1280,7 @@ class Optimizer:
         start are started in PARAMS order; the Adam groups' updates wait for all Adam reduce-scatters and run as one
         fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
-        names = [n for n in PARAMS if slow or not is_slow(n)]
+        names = [n for n, g in self.groups.items() if slow or not g.slow]  # in PARAMS order
         if self.final is not None and self.final != slow:
             raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
         if slow and self.tied and "lm_head" not in self.launched:
@@ -1353,14 +1294,14 @@ class Optimizer:
         self.tied_final.clear()
         adam = []
         for g, work, grad in launched:
-            if not is_muon(g.name):
+            if not g.muon:
                 if work is not None:
                     work.wait()
                 adam.append((g, grad))
         self._adam(adam, lr_mul)
         gathers = [(g, all_gather_rows(d, g.shard_param, g.gathered)) for g, _ in adam]
         for g, work, grad in launched:
-            if is_muon(g.name):
+            if g.muon:
                 if work is not None:
                     work.wait()
                 self._muon(g, grad, lr_mul, momentum)
@@ -1382,9 +1323,8 @@ class Optimizer:
         hp = self.hp
         params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
         for g, grad in items:
-            spec = PARAMS[g.name]
-            (b1, b2), wd_mul = spec.betas, spec.wd_mul
-            lr = hp.adam_lr * spec.lr_mul * lr_mul
+            (b1, b2), wd_mul = g.spec.betas, g.spec.wd_mul
+            lr = hp.adam_lr * g.spec.lr_mul * lr_mul
             g.step += 1
             fp32 = g.shard_param.dtype == torch.float32  # fp32 parameters: the master is the parameter shard
             params.append(g.master if fp32 else g.shard_param)
@@ -1417,7 +1357,7 @@ class Optimizer:
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
                          for n, g in self.groups.items()}}
         if self.pending:
-            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if is_slow(n)}
+            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if g.slow}
         return sd
 
     def load_state_dict(self, sd):
@@ -1434,7 +1374,7 @@ class Optimizer:
 
 
 # -----------------------------------------------------------------------------
-# Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
+# Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
 
 
 def fit_to_data(hp, train_files, val_files, bos_id=None):
@@ -1459,10 +1399,6 @@ def fit_to_data(hp, train_files, val_files, bos_id=None):
     return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
-def bos_positions(tokens, bos_id):
-    return np.flatnonzero(np.asarray(tokens) == bos_id)
-
-
 class TrainLoader:
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
@@ -1485,7 +1421,7 @@ class TrainLoader:
         """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
         if i not in self._cache:
             tokens = load_shard(self.files[i], mmap=True)
-            self._cache = {i: (tokens, bos_positions(tokens, self.hp.bos_id))}
+            self._cache = {i: (tokens, np.flatnonzero(np.asarray(tokens) == self.hp.bos_id))}
         return self._cache[i]
 
     def _plan(self, state, T, max_doc_len):
@@ -1519,7 +1455,7 @@ class TrainLoader:
 
     def _build(self, state):
         step = state["step"]
-        T, max_doc_len = self.micro_tokens_at(step), max_doc_len_at(self.hp, step)
+        T, max_doc_len = self.micro_tokens_at(step), stage_at(self.hp, step)[1].max_doc_len
         spans, new_state = self._plan(state, T, max_doc_len)
         new_state["step"] = step + 1
         tokens = self._shard(new_state["shard"])[0]  # the spans lie in the shard the plan ended in
@@ -1574,25 +1510,6 @@ class TrainLoader:
         self.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": step})
 
 
-def val_plan(hp, val_tokens_available):
-    """Number of global validation micro-batches: whole micro-batches, a multiple of SLOTS."""
-    T = hp.val_micro_tokens
-    n = min(hp.val_tokens, val_tokens_available - 1) // T // SLOTS * SLOTS
-    if n == 0:
-        raise ShardError(f"validation shard has {val_tokens_available} tokens, fewer than {SLOTS} micro-batches "
-                         f"of {T} (+1) tokens")
-    return n
-
-
-def val_batches(hp, tokens, n_micro, d):
-    """Contiguous chunks of T (+1) tokens; rank r takes chunks r, r+W, ..."""
-    T = hp.val_micro_tokens
-    for m in range(d.rank, n_micro, d.world):
-        buf = torch.from_numpy(np.asarray(tokens[m * T:m * T + T + 1]).astype(np.int64))
-        yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
-                         doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
-
-
 # -----------------------------------------------------------------------------
 # Checkpoints
 
@@ -1604,11 +1521,6 @@ class CheckpointError(ValueError):
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
                      "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "ce_fused_transpose")
-
-
-def barrier(d):
-    if d.world > 1:
-        dist.barrier()
 
 
 def fsync_dir(path):
@@ -1629,7 +1541,8 @@ def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d,
     tmp = path.with_name(path.name + ".tmp")
     if d.rank == 0:
         tmp.mkdir(parents=True)
-    barrier(d)
+    if d.world > 1:
+        dist.barrier()
     state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
              "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
              "hyperparameters": dataclasses.asdict(hp)}
@@ -1639,7 +1552,8 @@ def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d,
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
-    barrier(d)
+    if d.world > 1:
+        dist.barrier()
     if d.rank == 0:
         fsync_dir(tmp)
         os.rename(tmp, path)
@@ -1717,7 +1631,12 @@ class Trainer:
         self.fns = build_fns(hp, d.device, hp.compile)
         self.loader = TrainLoader(hp, train_files, d, lambda s: micro_tokens_at(hp, s))
         self.val_tokens = load_shard(val_files[0], mmap=True)
-        self.val_micro = val_plan(hp, len(self.val_tokens))
+        # Validation: whole global micro-batches of val_micro_tokens (+1), a multiple of SLOTS.
+        T = hp.val_micro_tokens
+        self.val_micro = min(hp.val_tokens, len(self.val_tokens) - 1) // T // SLOTS * SLOTS
+        if self.val_micro == 0:
+            raise ShardError(f"validation shard has {len(self.val_tokens)} tokens, fewer than {SLOTS} micro-batches "
+                             f"of {T} (+1) tokens")
         self.rot_cache = {}
         # Multi-token weights of every step as device tensors, made once (a per-step copy could block), zero-padded
         # to the stage table's longest list: a weight of 0 adds nothing to the loss or its gradient, and one
@@ -1766,12 +1685,16 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, windows, max_micro=None, yarn_long=None):
-        n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * self.d.world)
-        total = torch.zeros((), dtype=torch.float32, device=self.d.device)
-        for mb in val_batches(self.hp, self.val_tokens, n, self.d):
-            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, train=False,
-                             yarn_long=yarn_long)
-        if self.d.world > 1:
+        """Mean validation loss over contiguous chunks of val_micro_tokens (+1) tokens: rank r takes r, r+W, ..."""
+        hp, d, T = self.hp, self.d, self.hp.val_micro_tokens
+        n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * d.world)
+        total = torch.zeros((), dtype=torch.float32, device=d.device)
+        for m in range(d.rank, n, d.world):
+            buf = torch.from_numpy(np.asarray(self.val_tokens[m * T:m * T + T + 1]).astype(np.int64))
+            mb = MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
+                            doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
+            total += forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=False, yarn_long=yarn_long)
+        if d.world > 1:
             dist.all_reduce(total)
         return (total / n).item()
 
@@ -1816,7 +1739,6 @@ def warmup(trainer, log=None):
         hs = trainer.hellaswag
         model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache)
         timed("hellaswag pack", lambda: hellaswag_scores(model, hs.packs[:1], len(hs.labels), trainer.d.device))
-    trainer.loader.close()
     trainer.reset()
     if cuda:
         torch.cuda.synchronize()
@@ -1954,8 +1876,12 @@ def model_logits(hp, params, fns, rot_cache, windows=None):
 def load_model(path, d):
     """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
     ck = read_checkpoint(path, 0)
+    saved = ck["hyperparameters"]  # dataclasses.asdict of the run's: plain data, tuples as lists
+
+    def tuples(row):
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
     try:
-        hp = hyperparameters_from_dict(ck["hyperparameters"])
+        hp = Hyperparameters(**tuples(saved), stages=tuple(Stage(**tuples(s)) for s in saved["stages"]))
     except TypeError as e:  # a field this code does not know, or lacks
         raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
@@ -1966,7 +1892,6 @@ def load_model(path, d):
 # Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
 
 
-PARAM_DTYPES = ("bfloat16", "float32")  # what the kernels and their tests cover
 # Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
 HP_RANGES = {
     "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "final_long_window": (1, None),
@@ -2050,8 +1975,8 @@ def check_settings(hp, args, world, cuda):
     if hp.muon_momentum_min > hp.muon_momentum_max:
         raise SettingsError(f"--muon-momentum-min {hp.muon_momentum_min} is above --muon-momentum-max "
                             f"{hp.muon_momentum_max}")
-    if hp.param_dtype not in PARAM_DTYPES:
-        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of {', '.join(PARAM_DTYPES)}")
+    if hp.param_dtype not in ("bfloat16", "float32"):  # what the kernels and their tests cover
+        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of bfloat16, float32")
     if hp.val_micro_tokens < BLOCK or hp.val_micro_tokens % BLOCK:
         raise SettingsError(f"--val-micro-tokens: must be a multiple of {BLOCK} (the window unit), got "
                             f"{hp.val_micro_tokens}")
@@ -2133,18 +2058,14 @@ def hyperparameters_from(args):
     return hp
 
 
-# Problems with the user's settings, data, checkpoint or launch: one line and exit code 2 (bugs keep their traceback).
-USER_ERRORS = (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError)
-
-
 def main(argv=None):
-    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem of
-    USER_ERRORS is one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and
-    SystemExit(2) on every rank."""
+    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem with
+    the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by
+    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback)."""
     args = parse_args(argv)
     try:
         return run(args)
-    except USER_ERRORS as e:
+    except (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError) as e:
         if launch_rank() == 0:
             print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -437,7 +437,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     # momentum kernel may flip one ulp (2^-8) where the gradients differ slightly: bound lr * 2^-6.
     lr = hp.muon_lr * 2 * hp.mlp_proj_lr_mul  # the largest effective Muon lr (tall shape x2, W_proj x2)
     for k in ("attn_bank", "mlp_bank"):
-        assert tg.is_muon(k)
+        assert tg.PARAMS[k].optim == "muon"
         assert_close_report(p2[k], p1[k], atol=lr * 2 ** -6, name=f"param {k} after step")
         assert not torch.equal(p1[k], _perturbed_params(hp, seed=3, device=device)[k]), f"{k} did not move"
 
@@ -555,8 +555,10 @@ def test_slow_adam_schedule():
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
             "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
-    assert {n for n in tg.PARAMS if tg.is_slow(n)} == adam
-    assert {n for n in tg.PARAMS if tg.is_muon(n)} == {"attn_bank", "mlp_bank"}
+    smoke = tg.smoke_hyperparameters()
+    groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), tg.Dist()).groups
+    assert {n for n, g in groups.items() if g.slow} == adam
+    assert {n for n, g in groups.items() if g.muon} == {"attn_bank", "mlp_bank"}
 
 
 def _feed(opt, params, grads, names):
@@ -581,9 +583,9 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     pb = _perturbed_params(hp, seed=3, device=device)
     g0 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
     g1 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
-    slow = [k for k in pa if tg.is_slow(k)]
-    assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
+    slow = [k for k, g in a.groups.items() if g.slow]
+    assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     start = {k: v.detach().clone() for k, v in pa.items()}
     _feed(a, pa, g0, pa)
     a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
@@ -927,7 +929,7 @@ def test_loader_document_boundaries_follow_its_documents(smoke_data):
             assert int(mb.ids[0]) == hp.bos_id
             assert torch.equal(mb.cu_seqlens, tg.doc_cu_seqlens(mb.ids, hp.bos_id))
             assert int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()) <= mb.max_len
-            assert mb.max_len == tg.max_doc_len_at(hp, step)
+            assert mb.max_len == tg.stage_at(hp, step)[1].max_doc_len
     ld.close()
 
 
@@ -1015,7 +1017,7 @@ def test_loader_rank_split_matches_single_rank(smoke_data):
             assert int(mb.ids[0]) == hp.bos_id, "every micro-batch starts at a document"
             assert torch.equal(mb.ids[1:].long(), mb.targets[:-1])
             starts = torch.nonzero(mb.ids == hp.bos_id)[:, 0].tolist() + [T]
-            assert max(b - a for a, b in zip(starts, starts[1:])) <= tg.max_doc_len_at(hp, step) == mb.max_len
+            assert max(b - a for a, b in zip(starts, starts[1:])) <= tg.stage_at(hp, step)[1].max_doc_len == mb.max_len
     # consecutive steps continue the stream (no repeated batch)
     assert not torch.equal(out[(1, 0)][0][0].ids, out[(1, 0)][1][0].ids)
 
@@ -1030,7 +1032,7 @@ def test_schedule_matches_the_public_record():
     bounds = tg.stage_bounds(hp)
     assert [(a, b) for a, b, _ in bounds] == [(0, 483), (483, 967), (967, 1450), (1450, 1490)]
     assert [tg.micro_tokens_at(hp, s) for s in (0, 483, 967, 1489)] == [16384, 32768, 49152, 49152]
-    assert [tg.max_doc_len_at(hp, s) for s in (0, 482, 483, 1489)] == [896, 896, 2048, 2048]
+    assert [tg.stage_at(hp, s)[1].max_doc_len for s in (0, 482, 483, 1489)] == [896, 896, 2048, 2048]
     assert tg.lr_factor(hp, 580) == 1.52 and tg.lr_factor(hp, 581) < 1.52  # the cooldown starts at 580
     assert tg.lr_factor(hp, 0) == 1.0 and tg.lr_factor(hp, 500) == 1.52
     assert tg.lr_factor(hp, 1015) == pytest.approx(1.73 * (1 - 435 / 870) + 0.15 * 435 / 870)
