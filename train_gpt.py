@@ -5,9 +5,9 @@ Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 
       python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
       python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
-Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
-names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
-(`STAGES`, schedule section) is edited in the code.
+Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
+`--long-window-layers 3,10`; short names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with
+their comments. The stage table (`STAGES`, schedule section) is edited in the code.
 
 This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
 data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
@@ -467,21 +467,21 @@ class Param:
 # are record #74's param_table; every Adam parameter steps on the odd steps only (adam_every=2), as there.
 # Shapes and meaning: init_params.
 PARAMS = {
-    "scalars":        Param("adam", lr_mul=5.0,  betas=(0.9, 0.99)),
-    "resid_lambdas":  Param("adam", lr_mul=5.0,  betas=(0.9, 0.95)),
-    "post_lambdas":   Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "x0_lambdas":     Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "bigram_lambdas": Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "smear_gate":     Param("adam", lr_mul=0.01, betas=(0.9, 0.99)),
-    "skip_gate":      Param("adam", lr_mul=0.05, betas=(0.9, 0.99)),
-    "attn_gate":      Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
-    "ve_gate":        Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
-    "lm_head":        Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
-    "value_embeds":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "bigram_embed":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "embed":          Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
-    "attn_bank":      Param("muon", matrix=True),
-    "mlp_bank":       Param("muon", matrix=True, proj=True),
+    "scalars":        Param(optim="adam", lr_mul=5.0,  betas=(0.9, 0.99)),
+    "resid_lambdas":  Param(optim="adam", lr_mul=5.0,  betas=(0.9, 0.95)),
+    "post_lambdas":   Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "x0_lambdas":     Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "bigram_lambdas": Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "smear_gate":     Param(optim="adam", lr_mul=0.01, betas=(0.9, 0.99)),
+    "skip_gate":      Param(optim="adam", lr_mul=0.05, betas=(0.9, 0.99)),
+    "attn_gate":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "ve_gate":        Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "lm_head":        Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
+    "value_embeds":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "bigram_embed":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
+    "attn_bank":      Param(optim="muon", matrix=True),
+    "mlp_bank":       Param(optim="muon", matrix=True, proj=True),
 }
 
 
@@ -987,7 +987,8 @@ def make_layers(hp, attend):
 @dataclass
 class ModelFns:
     """The model's functions on one device. train_step and val_step are what a run calls (compiled, with
-    compile_model, as one region each); layers and loss are their eager parts (evaluation calls layers)."""
+    compile_model, as one region each); layers and loss are their eager parts (evaluation calls layers, tests call
+    loss alone)."""
     lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
     layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
     loss: object  # the training head: (x, lm_head, targets, weights) -> training loss (FP8 head where chosen)
@@ -1079,6 +1080,7 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
     the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
     x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
+        assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
         return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp)
     return fns.val_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables)
 
@@ -1403,9 +1405,10 @@ class TrainLoader:
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
     A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to the stage's
-    max_doc_len and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not resumed: the
-    next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves to the
-    next shard (cycling through the files). State = (shard index, BOS index, epoch) before the next batch.
+    max_doc_len and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not
+    resumed: the next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves
+    to the next shard (cycling through the files). State = {shard index, BOS index, epoch, step}: where the next
+    batch starts and the step it is for (the schedule's micro-batch length and max_doc_len).
     A background thread prepares the next step's batch (pinned tensors + embedding prep).
     """
 

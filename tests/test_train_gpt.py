@@ -335,11 +335,13 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
                     shard_files(hp.val_files))
     mbs = tr.loader.next()
     assert len(mbs) == tg.SLOTS
-    tr.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": 0})
+    tr.loader.rewind(0)
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
     losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, train=True, mtp=tr.mtp[0]) for mb in mbs]
+    with pytest.raises(AssertionError, match=r"forward\(train=True\) needs the step's multi-token weights"):
+        tg.forward(hp, tr.params, tr.fns, mbs[0], windows, {}, train=True)
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
