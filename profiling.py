@@ -3,7 +3,7 @@
 ``profile_stages`` profiles N steps from each stage start (the trainer's steps come in as functions);
 ``profile`` runs a function under torch.profiler, exports the chrome trace and returns the lines of
 ``profile_table``: the kernels with the most total time, the time by category (communication, optimizer,
-attention, matmul, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
+attention, matmul, copies, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
 time minus the union of kernel intervals), and how much of the communication ran while other kernels ran
 (overlapped) or alone (exposed). On the CPU the "kernels" are the top-level operators.
 """
@@ -11,15 +11,19 @@ import time
 
 import torch
 
-# Kernel name patterns -> category, first match wins (lower-case substrings). Our optimizer kernels come first: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer.
+# Kernel name patterns -> category, first match wins (lower-case substrings). Our optimizer kernels come before
+# matmul: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer. Copies: kernels.transpose's
+# kernel (the FP8 head's e4m3 operands and e5m2 gradient, and while tied the optimizer's embedding fold and
+# write-back: the table has no ranges to tell them apart) and the GPU's memcpy / memset.
 PROFILE_CATEGORIES = (
     ("communication", ("nccl", "all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather",
                        "allgather", "gloo", "c10d::")),
     ("optimizer", ("_adamw_kernel", "_momentum_", "_normuon_", "_gram_kernel", "_gemm_epilogue_kernel",
-                   "_normalize_kernel", "_transpose_kernel")),
+                   "_normalize_kernel")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "_mm_",
                 "fused_mm", "matmul")),
+    ("copies", ("_transpose_kernel", "memcpy", "memset")),
 )
 
 

@@ -3,7 +3,7 @@ communication overlap line that records/compare.py reads back, and profile_stage
 smoke run itself is tested in test_train_gpt.py."""
 import types
 
-from profiling import busy_us, profile_stages, profile_table
+from profiling import busy_us, kernel_category, profile_stages, profile_table
 from test_train_gpt import compare  # records/compare.py, the one parser of the trainer's logs
 
 
@@ -23,7 +23,7 @@ def test_profile_table_categorises_kernels():
         ("sm90_xmma_gemm_bf16bf16_bf16f32", 310, 330),
     ]
     lines, cat = profile_table(kernels, wall_us=400.0, n_steps=2, top=3)
-    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0,
+    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0, "copies": 0.0,
                    "elementwise/other": 15.0, "idle": 400.0 - 330.0 + 30.0}
     assert busy_us([(a, b) for _, a, b in kernels]) == 300.0
     top = [line.split()[-1] for line in lines[2:5]]
@@ -50,6 +50,16 @@ def test_profile_table_reports_communication_overlap():
                                              "step:1/1 train_time:300ms step_avg:300.00ms"]))
     assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
     assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
+
+
+def test_transposes_and_memory_copies_are_copies_not_optimizer():
+    """kernels.transpose's kernel also writes the FP8 head's e4m3 operands and e5m2 gradient transposed (not
+    optimizer work); GPU memcpy / memset are copies too. Polar Express's Gram kernel stays optimizer."""
+    assert kernel_category("_transpose_kernel") == "copies"
+    assert kernel_category("Memcpy DtoD (Device -> Device)") == kernel_category("Memset (Device)") == "copies"
+    assert kernel_category("_gram_kernel") == "optimizer" and kernel_category("aten::copy_") == "elementwise/other"
+    lines, cat = profile_table([("_transpose_kernel", 0, 10), ("_adamw_kernel", 10, 12)], wall_us=20.0, n_steps=1)
+    assert cat["copies"] == 10.0 and cat["optimizer"] == 2.0 and " copies 0.01 ms (50.0%)" in lines[-1]
 
 
 def test_profile_stages_profiles_each_stage_start_then_resets(tmp_path):
