@@ -1,12 +1,15 @@
 """Compilation around a run of train_gpt.py: the report of its compile warmup and --compile-cache.
 
+``Compilation`` is a run's compile side, whether it compiles or not (hp.compile): it opens --compile-cache, runs
+and reports the compile warmup, and checks that the timed run compiled nothing more.
+
 The report (``compile_report``, from torch's per-frame compilation records): one ``compile_report:`` line per
 compiled frame (dynamo tracing, AOT autograd, inductor and Triton seconds, the lazily compiled backward,
 FX-graph cache hits) and a total; the cache state, "cold", "warm" or "partly warm", is the ``compile_cache:``
 line. ``log_compilation`` writes these after the warmup.
 
---compile-cache PATH (``CompileCache``, opened by ``open_compile_cache`` before anything compiles): compiled
-artefacts kept between processes, stamped with the versions, the GPU and the hash of the code that ran.
+--compile-cache PATH (``CompileCache``, opened before anything compiles): compiled artefacts kept between
+processes, stamped with the versions, the GPU and the hash of the code that ran.
 """
 import hashlib
 import json
@@ -21,6 +24,7 @@ import torch.distributed as dist
 import triton
 
 from run_log import source_dump
+
 
 def unique_graphs():
     from torch._dynamo.utils import counters
@@ -162,25 +166,6 @@ class CompileCache:
         return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
 
 
-def open_compile_cache(path, compiling, d, log):
-    """The CompileCache of --compile-cache PATH, opened before anything compiles: rank 0 reads the stamp (and
-    empties a stale cache) before the other ranks look. None without the flag, and (logged) without
-    compilation. d: the run's ranks and device (train_gpt.Dist)."""
-    if not path:
-        return None
-    if not compiling:
-        log(f"compile_cache: --compile-cache {path} not used (nothing is compiled)")
-        return None
-    cache = CompileCache(path, CompileCache.current_stamp(d.device))
-    if d.rank == 0:
-        cache.open()
-    if d.world > 1:
-        dist.barrier()
-    if d.rank != 0:
-        cache.open()
-    return cache
-
-
 def log_compilation(log, phases, metrics, cache, d):
     """After the compile warmup: compile_warmup_s (the phases' seconds), how the compile started (the
     compile_cache line: cold, warm, or loaded from --compile-cache) and the compile_report lines of the frames
@@ -195,3 +180,45 @@ def log_compilation(log, phases, metrics, cache, d):
             log(cache.save())
         if d.world > 1:
             dist.barrier()
+
+
+class Compilation:
+    """The compile side of one run (enabled: hp.compile, always off on the CPU). Made before anything compiles:
+    opens --compile-cache PATH (rank 0 reads the stamp, and empties a stale cache, before the other ranks look;
+    without compilation PATH is logged as unused). ``warmup`` runs and reports the compile warmup;
+    ``timed_run_starts`` and ``log_recompiles`` bracket the timed run. d: the run's ranks and device
+    (train_gpt.Dist); log: its Logger."""
+
+    def __init__(self, enabled, cache_path, d, log):
+        self.enabled, self.d, self.log = enabled, d, log
+        self.cache, self.graphs = None, 0
+        if cache_path and not enabled:
+            log(f"compile_cache: --compile-cache {cache_path} not used (nothing is compiled)")
+        elif cache_path:
+            self.cache = CompileCache(cache_path, CompileCache.current_stamp(d.device))
+            if d.rank == 0:
+                self.cache.open()
+            if d.world > 1:
+                dist.barrier()
+            if d.rank != 0:
+                self.cache.open()
+
+    def warmup(self, run):
+        """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines
+        (log_compilation). Without compilation run is not called (it would only repeat work): compile_warmup_s 0."""
+        if not self.enabled:
+            self.log("compile_warmup_s: 0.0")
+            return
+        n_before = len(compile_metrics())
+        phases = run()
+        log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d)
+
+    def timed_run_starts(self):
+        self.graphs = unique_graphs()
+
+    def log_recompiles(self):
+        """With compilation: the graphs compiled since timed_run_starts (shapes or guards that changed)."""
+        if self.enabled:
+            extra = unique_graphs() - self.graphs
+            self.log(f"recompiles_during_timed_run: {extra}" + ("  WARNING: shapes or guards changed after warmup"
+                                                                  if extra else ""))

@@ -2,8 +2,9 @@
 
 The model comes in as a function ``logits(ids, rows)``: the next-token logits (len(rows), V) fp32 of one 1-D
 int32 id sequence on the device (one or more documents, each starting with BOS), at the positions ``rows``, V
-the real vocabulary (``real_vocab``). train_gpt.py passes its ``sequence_logits`` with the model bound; so this
-module imports nothing from the trainer.
+the real vocabulary (``real_vocab``). train_gpt.py passes its ``sequence_logits`` with the model bound
+(``model_logits``), and for a checkpoint (``evaluate_hellaswag``, ``sample``: the --hellaswag and --sample modes)
+its ``load_model`` too; so this module imports nothing from the trainer.
 
 HellaSwag: every ending is scored as a document [BOS] + context + ending (the ending with a leading space,
 data/hellaswag.py's ``render``); the examples of a rank are packed into sequences of up to
@@ -11,11 +12,17 @@ HELLASWAG_PACK_TOKENS tokens (``pack_hellaswag``: documents never attend to each
 its candidates one at a time); ``acc`` picks the ending with the highest summed log-likelihood, ``acc_norm``
 the highest mean per ending token. Sampling: ``generate`` draws one token at a time with ``next_token``.
 """
+import dataclasses
+import json
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from compilation import unique_graphs
 from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import load_gpt2
 
@@ -132,3 +139,46 @@ def generate(logits, prompt, max_new_tokens, temperature, top_k, generator, devi
         x = torch.tensor(ids, dtype=torch.int32, device=device)
         ids.append(next_token(logits(x, [len(ids) - 1])[0], temperature, top_k, generator))
     return ids
+
+
+def evaluate_hellaswag(args, d, load_model, model_logits, block):
+    """--hellaswag CHECKPOINT (args.hellaswag; args.hellaswag_file / hellaswag_limit override the checkpoint's):
+    the accuracy of the checkpoint's model, printed and written to hellaswag.json next to it. load_model(path, d)
+    -> (hp, params, fns) and model_logits(hp, params, fns, rot_cache) -> logits: train_gpt.py's; block: its
+    window unit (the packs' length is a multiple of it)."""
+    hp, params, fns = load_model(args.hellaswag, d)
+    over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
+    hp = dataclasses.replace(hp, **over)
+    bench = HellaSwag(hp, d, block)
+    graphs, t0 = unique_graphs(), time.perf_counter()
+    res = bench.evaluate(model_logits(hp, params, fns, {}))
+    res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
+            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token",
+            "packs": len(bench.packs), "seconds": round(time.perf_counter() - t0, 1),
+            "compiled_graphs": unique_graphs() - graphs}
+    if d.rank == 0:
+        print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
+        print(f"hellaswag_eval: {res['packs']} packs of {bench.packs[0].ids.numel() if bench.packs else 0} tokens "
+              f"on rank 0, {res['seconds']} s, {res['compiled_graphs']} graphs compiled")
+        (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def sample(args, d, load_model, model_logits):
+    """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
+    sequence), drawn with --temperature / --top-k from a generator seeded with --seed. load_model and
+    model_logits: as for evaluate_hellaswag."""
+    hp, params, fns = load_model(args.sample, d)
+    enc = load_gpt2()
+    prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
+    g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
+    model, texts, graphs = model_logits(hp, params, fns, {}), [], unique_graphs()
+    for i in range(args.num_samples):
+        ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, g, d.device)
+        texts.append(enc.decode(ids[1:]))
+        if d.rank == 0:
+            print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
+    if d.rank == 0:  # on stderr: stdout is the text
+        print(f"sample_eval: {unique_graphs() - graphs} graphs compiled (the model runs eagerly)",
+              file=sys.stderr)
+    return texts

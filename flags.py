@@ -1,9 +1,12 @@
-"""Command-line flags made from a dataclass (train_gpt.py's Hyperparameters), and a parser for torchrun.
+"""Command-line flags made from a dataclass (train_gpt.py's Hyperparameters), a parser for torchrun, and the
+error of a setting that cannot work.
 
 ``add_dataclass_flags`` adds one flag per field: --field-name (plus aliases), typed from the field (bools as
 --x / --no-x, tuples as comma lists), its help the field's same-line comment in the source (``field_comments``:
 each knob is documented once) and its default. Unset flags stay None, so the caller keeps the dataclass's
 default. ``ArgumentParser`` prints usage errors on rank 0 only (torchrun starts one process per rank).
+``SettingsError``: a setting that cannot work, one line naming the flag (train_gpt.py's main() prints it and exits
+with code 2); ``check_ranges`` raises it for the first value outside its bounds.
 """
 import argparse
 import ast
@@ -12,6 +15,21 @@ import inspect
 import os
 import textwrap
 import tokenize
+
+
+class SettingsError(ValueError):
+    """A setting (a flag, a default it combines with, or the launch) that cannot work; train_gpt.py's main() prints
+    it as one line naming the flag and exits with code 2."""
+
+
+def check_ranges(obj, ranges, flag_name):
+    """SettingsError, naming the flag (``flag_name(field)``), for the first field of ``obj`` outside its inclusive
+    bounds; ranges: {field: (lo, hi)}, None an open end."""
+    for name, (lo, hi) in ranges.items():
+        value = getattr(obj, name)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            rule = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise SettingsError(f"{flag_name(name)}: must be {rule}, got {value}")
 
 
 def launch_rank():

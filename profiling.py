@@ -1,8 +1,9 @@
 """train_gpt.py --profile-steps N: run steps under torch.profiler, write a chrome trace, summarise it as a table.
 
-``profile`` runs a function (the trainer's steps) under torch.profiler, exports the chrome trace and returns
-the lines of ``profile_table``: the kernels with the most total time, the time by category (communication,
-optimizer, attention, matmul, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
+``profile_stages`` profiles N steps from each stage start (the trainer's steps come in as functions);
+``profile`` runs a function under torch.profiler, exports the chrome trace and returns the lines of
+``profile_table``: the kernels with the most total time, the time by category (communication, optimizer,
+attention, matmul, copies, elementwise/other, by kernel-name patterns in ``PROFILE_CATEGORIES``; idle = wall
 time minus the union of kernel intervals), and how much of the communication ran while other kernels ran
 (overlapped) or alone (exposed). On the CPU the "kernels" are the top-level operators.
 """
@@ -10,15 +11,19 @@ import time
 
 import torch
 
-# Kernel name patterns -> category, first match wins (lower-case substrings). Our optimizer kernels come first: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer.
+# Kernel name patterns -> category, first match wins (lower-case substrings). Our optimizer kernels come before
+# matmul: Polar Express's Gram and GEMM kernels are matmuls, counted as optimizer. Copies: kernels.transpose's
+# kernel (the FP8 head's e4m3 operands and e5m2 gradient, and while tied the optimizer's embedding fold and
+# write-back: the table has no ranges to tell them apart) and the GPU's memcpy / memset.
 PROFILE_CATEGORIES = (
     ("communication", ("nccl", "all_reduce", "allreduce", "reduce_scatter", "reducescatter", "all_gather",
                        "allgather", "gloo", "c10d::")),
     ("optimizer", ("_adamw_kernel", "_momentum_", "_normuon_", "_gram_kernel", "_gemm_epilogue_kernel",
-                   "_normalize_kernel", "_transpose_kernel")),
+                   "_normalize_kernel")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "_mm_",
                 "fused_mm", "matmul")),
+    ("copies", ("_transpose_kernel", "memcpy", "memset")),
 )
 
 
@@ -90,3 +95,24 @@ def profile(run, n_steps, device, trace):
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == device_type and (cuda or e.cpu_parent is None)]
     return profile_table(kernels, wall_us, n_steps)[0]
+
+
+def profile_stages(stages, n_steps, rewind, train_step, reset, log, d):
+    """--profile-steps N, before the timed run: for each stage (start, end) of ``stages`` (the last ends the run),
+    rewind(start) (the first documents, the schedule at start), then steps start .. start + N - 1 (train_step(s),
+    N cut at the run's end) under torch.profiler (``profile``): a chrome trace per stage and rank next to the log,
+    a table in the log; then reset() (the trainer's full state reset, as after the compile warmup). Untimed: the
+    record's train time never includes the profiler. The steps start from the initial weights, not from the
+    weights the run has at that stage: kernel times depend on shapes, not values. d: the run's ranks and device."""
+    for i, (start, end) in enumerate(stages):
+        if start >= end:
+            continue
+        rewind(start)
+        n = min(n_steps, stages[-1][1] - start)
+        trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
+        lines = profile(lambda: [train_step(s) for s in range(start, start + n)], n, d.device, trace)
+        log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
+            + ("" if d.device.type == "cuda" else " (CPU: top-level operators, not GPU kernels)"))
+        for line in lines:
+            log(line)
+    reset()

@@ -1,10 +1,13 @@
-"""The run's log: the code that ran, the header, and the writer (train_gpt.py's LOG_DIR/RUN_ID.txt).
+"""The run's files and log: the shards and the run id, the code that ran, the header, the writer and the footer
+(train_gpt.py's LOG_DIR/RUN_ID.txt).
 
 A log is self-contained: it starts with the source of every repository module the run imported
 (``source_dump``: train_gpt.py and the modules beside it, kernels/, data/; never tests/ or benchmarks/), then a
 line of 100 '=', the header (``header_lines``: git sha, versions, GPU, world size, corpus, hyperparameters,
-nvidia-smi), another line of 100 '=', and the run's events. ``Logger`` writes on rank 0 only and never
-overwrites a log.
+nvidia-smi), another line of 100 '=', and the run's events; ``open_log`` writes all that before the events, and
+``log_summary`` the footer after them. ``Logger`` writes on rank 0 only and never overwrites a log: a run id is
+checked before anything starts (``check_run_id``: a plain name whose log and checkpoint folder do not exist yet)
+or made new (``new_run_id``).
 """
 import dataclasses
 import hashlib
@@ -13,16 +16,22 @@ import os
 import platform
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import triton
 
-from kernels.hardware import git_sha
+from data.shards import shard_files
+from flags import SettingsError
+from kernels.hardware import ceilings_for, git_sha
 
 REPO = Path(__file__).resolve().parent
 
 
+RUN_ID_CHARS = "letters, digits, '.', '_' and '-', not starting with '.'"
 NOT_LOGGED = ("tests", "benchmarks")  # repo folders never part of a run (imported only by a test session)
 
 
@@ -89,3 +98,75 @@ def header_lines(hp, d, train_files, val_files):
         f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
         nvidia_smi() if d.device.type == "cuda" else "nvidia-smi: no GPU",
     ]
+
+
+def resolve_files(hp):
+    """(train shard paths, val shard paths) of hp's globs; a missing corpus names the commands that make one."""
+    try:
+        return shard_files(hp.train_files), shard_files(hp.val_files)
+    except FileNotFoundError as e:
+        hint = ("" if "cached_fineweb10B" in str(e) else
+                "; get the FineWeb shards with `python data/cached_fineweb10B.py 9`")
+        raise FileNotFoundError(f"{e}{hint}, or make shards from your own text with `python data/prepare_text.py` "
+                                f"and point --train-files / --val-files at them") from e
+
+
+def check_run_id(run_id, log_dir, checkpoint_dir):
+    """SettingsError for a --run-id that is no plain name (RUN_ID_CHARS) or is taken: a run never overwrites
+    another's log LOG_DIR/RUN_ID.txt or checkpoints CHECKPOINT_DIR/RUN_ID."""
+    if not run_id or run_id.startswith(".") or any(not (c.isalnum() or c in "._-") for c in run_id):
+        raise SettingsError(f"--run-id {run_id!r}: use {RUN_ID_CHARS}")
+    for taken in (Path(log_dir) / f"{run_id}.txt", Path(checkpoint_dir) / run_id):
+        if taken.exists():
+            raise SettingsError(f"--run-id {run_id} is taken: {taken} exists (a run never overwrites another's "
+                                f"log or checkpoints; choose another id, or leave --run-id out for a new one)")
+
+
+def new_run_id(d):
+    """A fresh run id (date, time, random suffix), the same on every rank: rank 0's, broadcast."""
+    run_id = [f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"]
+    if d.world > 1:
+        dist.broadcast_object_list(run_id, src=0)
+    return run_id[0]
+
+
+def open_log(hp, args, d, train_files, val_files, run_id):
+    """The run's log LOG_DIR/RUN_ID.txt (args.log_dir), started with the code that ran and the header, then its
+    own path and the checkpoint folder's (printed too). The log is created, never overwritten: check_run_id refused
+    a taken --run-id, and a log made since then by another process is a SettingsError here."""
+    path = Path(args.log_dir) / f"{run_id}.txt"
+    try:
+        log = Logger(path, d.rank == 0)
+    except FileExistsError:
+        raise SettingsError(f"--run-id {run_id}: the log {path} exists (a log is never overwritten)") from None
+    log(source_dump(), console=False)
+    log("=" * 100, console=False)
+    for line in header_lines(hp, d, train_files, val_files):
+        log(line, console=False)
+    log("=" * 100, console=False)
+    log(f"log_file: {path}")
+    log(f"checkpoint_dir: {Path(args.checkpoint_dir) / run_id}")
+    return log
+
+
+def log_summary(log, d, tokens, train_ms, stage_ms, matmul_weights):
+    """The footer: peak memory (CUDA), tokens/s per GPU (``tokens``: what the timed steps trained on, all ranks),
+    MFU (6 FLOPs per matmul weight per token, forward + backward; ``matmul_weights``: the model's, per token)
+    against the measured matmul ceiling (kernels/hardware.py), and per stage the mean step time (stage_ms:
+    {stage index: [step ms]})."""
+    cuda = d.device.type == "cuda"
+    if cuda:
+        log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+            f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+    tok_s = tokens / d.world / max(train_ms / 1000, 1e-9)
+    log(f"tokens_per_s_per_gpu: {tok_s:.0f}")
+    name = torch.cuda.get_device_name(d.device) if cuda else ""
+    ceilings = ceilings_for(name) if cuda else None
+    if ceilings:
+        peak = ceilings[1]
+        log(f"mfu: {100 * 6 * matmul_weights * tok_s / peak:.1f}% (6 FLOPs per matmul weight per token, "
+            f"attention scores excluded, of {peak / 1e12:.0f} TFLOP/s: measured dense bf16 matmul on {name}, "
+            f"kernels/hardware.py)")
+    else:
+        log("mfu: n/a (no peak FLOP/s figure for this device)")
+    log("stage_step_avg: " + " ".join(f"stage{i}:{sum(v) / len(v):.2f}ms" for i, v in sorted(stage_ms.items())))

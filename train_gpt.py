@@ -5,16 +5,18 @@ Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 
       python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
       python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
-Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, `--ve-tables 0,1,-1`; short
-names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with their comments. The stage table
-(`STAGES`, schedule section) is edited in the code.
+Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
+`--long-window-layers 3,10`; short names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with
+their comments. The stage table (`STAGES`, schedule section) is edited in the code.
 
 This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
 data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
-it imports (they import nothing from it): run_log.py (the log's copy of the code, its header), compilation.py
-(the compile report, --compile-cache), profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling)
-and flags.py (the flags made from Hyperparameters); kernels/ holds the Triton kernels and the FP8 head op,
-data/ the shard format and the HellaSwag set.
+it imports (they import nothing from it): run_log.py (the shards and the run id; the log: its copy of the code,
+header and footer), compilation.py (the compile warmup's report, --compile-cache, the recompile check),
+profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling, the --hellaswag and --sample modes) and
+flags.py (the flags made from Hyperparameters, the settings' error); kernels/ holds the Triton kernels and the
+FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format and
+the HellaSwag set.
 
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
@@ -76,10 +78,8 @@ or stages without changing shapes is a tensor argument: the multi-token weights 
 the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
 dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
 kernels over the documents, a sliding window, no templates to compile), the FP8 head + loss, and the bf16
-head's CE kernel. The log has a `compile_phase:` line per warmup phase, `compile_warmup_s`, `compile_cache:`
-(cold, warm, or loaded from --compile-cache PATH, which keeps the compiled artefacts with a version stamp)
-and `compile_report:` lines (per compiled frame: dynamo, AOT autograd, inductor and Triton seconds).
-The inputs of every call, training, validation, evaluation and sampling, come from one function
+head's CE kernel. The warmup compiles every shape before the clock starts; its log lines and --compile-cache:
+compilation.py. The inputs of every call, training, validation, evaluation and sampling, come from one function
 (`model_inputs`); evaluation and sampling run the same layers eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
@@ -109,15 +109,14 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 (StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
+import contextlib
 import dataclasses
-import json
 import math
 import os
 import queue
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -133,23 +132,23 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from compilation import compile_metrics, log_compilation, open_compile_cache, unique_graphs
+from compilation import Compilation
 from data.hellaswag import HellaSwagError
-from data.prepare_text import PrepareError, load_gpt2
-from data.shards import ShardError, load_shard, shard_files
-from evaluation import GPT2_VOCAB, HellaSwag, generate, hellaswag_scores, real_vocab
-from flags import ArgumentParser, add_dataclass_flags, launch_rank
+from data.prepare_text import PrepareError
+from data.shards import ShardError, check_token_ids, load_shard
+from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
+from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
-from kernels.hardware import ceilings_for
+from kernels.hardware import keep_freed_memory
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
-from profiling import profile
-from run_log import Logger, header_lines, source_dump
+from profiling import profile_stages
+from run_log import check_run_id, log_summary, new_run_id, open_log, resolve_files
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -247,12 +246,9 @@ class Hyperparameters:
     def num_ve(self):
         return max(self.ve_tables) + 1
 
-
-def hyperparameters_from_dict(d):
-    """Inverse of dataclasses.asdict (checkpoints store the hyperparameters as plain data)."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k != "stages"}
-    return Hyperparameters(**fields, stages=tuple(Stage(**{**s, **{k: tuple(s[k]) for k in TUPLE_STAGE_FIELDS}})
-                                                  for s in d["stages"]))
+    @property
+    def paired_layers(self):
+        return set(self.paired_head_layers) if self.paired_heads else set()
 
 
 def smoke_hyperparameters(**overrides):
@@ -283,9 +279,6 @@ class Stage:
     max_doc_len: int  # a document is cut to this many tokens in a training micro-batch (the rest is dropped)
     mtp_start: tuple = (1.0,)  # multi-token prediction weights w_0.. at the stage's first step ...
     mtp_end: tuple = (1.0,)  # ... and at its end (linear in between, as in the public record)
-
-
-TUPLE_STAGE_FIELDS = ("windows", "mtp_start", "mtp_end")
 
 
 # The public record's three batch-size stages plus a short extension at the final learning rate; its
@@ -388,29 +381,15 @@ def micro_tokens_at(hp, step):
     return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
-def max_doc_len_at(hp, step):
-    return stage_at(hp, min(step, hp.total_steps - 1))[1].max_doc_len
-
-
 # -----------------------------------------------------------------------------
 # Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
 
 
-class SettingsError(ValueError):
-    """A setting (a flag, a default it combines with, or the launch) that cannot work; main() prints it as one
-    line naming the flag and exits with code 2 (see check_settings)."""
-
-
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
-        raise UnsupportedWorldSize(f"world size {world_size} is not supported: it must divide the {SLOTS} "
-                                   f"micro-batches of the global batch (use 1, 2, 4 or 8 processes: torchrun "
-                                   f"--nproc_per_node)")
+        raise SettingsError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
+                            f"of the global batch (use 1, 2, 4 or 8 processes: torchrun --nproc_per_node)")
     return SLOTS // world_size
-
-
-class UnsupportedWorldSize(SettingsError):
-    """The number of processes does not divide the global batch's micro-batches."""
 
 
 @dataclass
@@ -470,10 +449,6 @@ def all_gather_rows(d, shard, out):
 # Parameters
 
 
-def padded_rows(rows, world):
-    return -(-rows // world) * world
-
-
 @dataclass(frozen=True)
 class Param:
     """One row of the parameter table: everything the optimizer and the model need to know about a parameter."""
@@ -492,21 +467,21 @@ class Param:
 # are record #74's param_table; every Adam parameter steps on the odd steps only (adam_every=2), as there.
 # Shapes and meaning: init_params.
 PARAMS = {
-    "scalars":        Param("adam", lr_mul=5.0,  betas=(0.9, 0.99)),
-    "resid_lambdas":  Param("adam", lr_mul=5.0,  betas=(0.9, 0.95)),
-    "post_lambdas":   Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "x0_lambdas":     Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "bigram_lambdas": Param("adam", lr_mul=1.0,  betas=(0.9, 0.95)),
-    "smear_gate":     Param("adam", lr_mul=0.01, betas=(0.9, 0.99)),
-    "skip_gate":      Param("adam", lr_mul=0.05, betas=(0.9, 0.99)),
-    "attn_gate":      Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
-    "ve_gate":        Param("adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
-    "lm_head":        Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
-    "value_embeds":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "bigram_embed":   Param("adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "embed":          Param("adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
-    "attn_bank":      Param("muon", matrix=True),
-    "mlp_bank":       Param("muon", matrix=True, proj=True),
+    "scalars":        Param(optim="adam", lr_mul=5.0,  betas=(0.9, 0.99)),
+    "resid_lambdas":  Param(optim="adam", lr_mul=5.0,  betas=(0.9, 0.95)),
+    "post_lambdas":   Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "x0_lambdas":     Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "bigram_lambdas": Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "smear_gate":     Param(optim="adam", lr_mul=0.01, betas=(0.9, 0.99)),
+    "skip_gate":      Param(optim="adam", lr_mul=0.05, betas=(0.9, 0.99)),
+    "attn_gate":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "ve_gate":        Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
+    "lm_head":        Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
+    "value_embeds":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "bigram_embed":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
+    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
+    "attn_bank":      Param(optim="muon", matrix=True),
+    "mlp_bank":       Param(optim="muon", matrix=True, proj=True),
 }
 
 
@@ -514,12 +489,7 @@ def init_params(hp, device, seed):
     """All parameters (PARAMS) as a flat dict of leaf tensors: matrices in hp.param_dtype, the rest fp32."""
     g = torch.Generator().manual_seed(seed)
     C, V, L, G = hp.model_dim, hp.vocab_size, hp.num_layers, hp.gate_dims
-    n_attn, H = len(hp.attn_layers), hp.num_heads
-    assert H * hp.head_dim == C, "num_heads * head_dim must equal model_dim"
-    if hp.paired_heads and H % 2:
-        raise ValueError(f"paired heads need an even num_heads, got {H} (or use --no-paired-heads)")
-    if hp.backout and not 0 <= hp.backout_layer < L:
-        raise ValueError(f"backout_layer {hp.backout_layer} is not a layer index (num_layers {L})")
+    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by check_settings
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C), every attention matrix (W_o too)
 
     def uniform(*shape):
@@ -556,13 +526,6 @@ def init_params(hp, device, seed):
     dtype = getattr(torch, hp.param_dtype)
     return {k: v.to(device=device, dtype=dtype if PARAMS[k].matrix else torch.float32).requires_grad_()
             for k, v in p.items()}
-
-
-def scalar_views(hp, scalars):
-    """(attn_lambdas (n_attn, 2), smear_lambda, backout_lambda, skip_lambda): views of the one scalars tensor."""
-    n = 2 * len(hp.attn_layers)
-    smear, backout, skip = scalars[n:n + 3]
-    return scalars[:n].view(-1, 2), smear, backout, skip
 
 
 # -----------------------------------------------------------------------------
@@ -646,19 +609,6 @@ def rotary(x, cos, sin):
 def doc_ids(ids, bos_id):
     """Document index per position (cumulative BOS count): the mask allows attention within a document."""
     return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
-
-
-def stationary_dims(D, device):
-    """(D,) bool: the head dims rotary leaves alone (pairs with zero frequency: i mod D/2 >= D/4)."""
-    return torch.arange(D, device=device) % (D // 2) >= D // 4
-
-
-def dense_mask(docs, window):
-    """(T, T) bool: causal, same document, q - k < window (the CPU / reference form of the attention mask)."""
-    T = docs.numel()
-    q = torch.arange(T, device=docs.device)
-    rel = q[:, None] - q[None, :]
-    return (rel >= 0) & (rel < window) & (docs[:, None] == docs[None, :])
 
 
 def doc_cu_seqlens(ids, bos_id):
@@ -750,8 +700,10 @@ def flash_attend(q, k, v, seq, window, scale):
 
 
 def dense_attend(q, k, v, seq, window, scale):
-    """CPU path (and the tests' reference): SDPA with the same mask, dense."""
-    mask = dense_mask(seq.docs, window)
+    """CPU path (and the tests' reference): SDPA with the same mask, dense: causal, same document, q - k < window."""
+    pos = torch.arange(seq.docs.numel(), device=seq.docs.device)
+    rel = pos[:, None] - pos[None, :]
+    mask = (rel >= 0) & (rel < window) & (seq.docs[:, None] == seq.docs[None, :])
     y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                        attn_mask=mask, scale=scale)
     return y.transpose(0, 1)
@@ -780,7 +732,8 @@ def make_attn_sublayer(hp, attend):
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
         if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
-            k = torch.where(stationary_dims(D, k.device) & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+            stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4  # the pairs of zero frequency
+            k = torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.
@@ -895,10 +848,6 @@ class MicroBatch:
         return self._map(lambda t: t.to(device, non_blocking=True))
 
 
-def paired_layers(hp):
-    return set(hp.paired_head_layers) if hp.paired_heads else set()
-
-
 class AttnTables(NamedTuple):
     """What attention needs besides the tokens, for micro-batches of T tokens at windows (short, long): tensors
     made once per (T, windows) on the host and passed to the compiled region as arguments, so that a stage
@@ -927,7 +876,7 @@ def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
         dtype = getattr(torch, hp.param_dtype)
         freq, scale = yarn_state(hp, yarn_long)
         cos, sin = rotary_tables(hp, T, device, dtype, freq)
-        pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if paired_layers(hp) else (None, None)
+        pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if hp.paired_layers else (None, None)
         short, long = (torch.tensor(w * BLOCK, dtype=torch.int64) for w in windows)
         cache[key] = AttnTables(cos, sin, pcos, psin, torch.tensor(scale, dtype=torch.float32, device=device),
                                 short, long, max_len)
@@ -969,7 +918,7 @@ def make_layers(hp, attend):
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device."""
     attn = make_attn_sublayer(hp, attend)
-    paired = paired_layers(hp)
+    paired = hp.paired_layers
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
@@ -980,11 +929,12 @@ def make_layers(hp, attend):
         seq = DocSeq(cu, docs, tables.max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
-        attn_lam, smear_lambda, backout_lambda, skip_lambda = scalar_views(hp, params["scalars"])
+        n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
+        smear_lambda, backout_lambda, skip_lambda = params["scalars"][n:n + 3]
         resid, post = params["resid_lambdas"].unbind(0), params["post_lambdas"].unbind(0)
         x0_lams, b_lams = params["x0_lambdas"].unbind(0), params["bigram_lambdas"].unbind(0)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
-        attn_lams = attn_lam.unbind(0) if hp.attn_lambdas else None
+        attn_lams = params["scalars"][:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].unbind(0)
@@ -1037,7 +987,8 @@ def make_layers(hp, attend):
 @dataclass
 class ModelFns:
     """The model's functions on one device. train_step and val_step are what a run calls (compiled, with
-    compile_model, as one region each); layers and loss are their eager parts (evaluation calls layers)."""
+    compile_model, as one region each); layers and loss are their eager parts (evaluation calls layers, tests call
+    loss alone)."""
     lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
     layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
     loss: object  # the training head: (x, lm_head, targets, weights) -> training loss (FP8 head where chosen)
@@ -1096,24 +1047,9 @@ def build_fns(hp, device, compile_model, attention="auto"):
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path)
 
 
-def region_cu(hp, ids, cu):
-    """The document boundaries as the compiled region takes them: on ids' device, the number of documents marked
-    as a dynamic dimension (any count, one graph)."""
-    if cu is None:
-        cu = doc_cu_seqlens(ids, hp.bos_id)
-    cu = cu.to(ids.device, non_blocking=True)
-    torch._dynamo.mark_dynamic(cu, 0)
-    return cu
-
-
-def model_params(params):
-    """The parameters read inside the compiled region (the embedding tables are read by the eager lookups)."""
-    return {k: params[k] for k in PARAMS if PARAMS[k].region}
-
-
 class ModelInputs(NamedTuple):
     """The arguments of fns.layers (in this order); train_step and val_step take the targets before tables."""
-    params: dict  # the parameters read inside the compiled region (model_params)
+    params: dict  # the parameters read inside the compiled region (PARAMS' region rows)
     e: torch.Tensor  # (T, C) token embeddings
     ves: list  # [(T, C)] value embeddings, one per table
     big: Optional[torch.Tensor]  # (T, C) bigram embeddings (None with --no-bigram)
@@ -1131,8 +1067,11 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
-    cu = region_cu(hp, ids, batch.cu_seqlens)
-    return ModelInputs(model_params(params), e, ves, big, ids, cu, tables)
+    cu = doc_cu_seqlens(ids, hp.bos_id) if batch.cu_seqlens is None else batch.cu_seqlens
+    cu = cu.to(ids.device, non_blocking=True)  # the number of documents: a dynamic dimension (any count, one graph)
+    torch._dynamo.mark_dynamic(cu, 0)
+    region = {k: params[k] for k in PARAMS if PARAMS[k].region}  # the embedding tables: read by the lookups
+    return ModelInputs(region, e, ves, big, ids, cu, tables)
 
 
 def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None):
@@ -1141,25 +1080,13 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
     the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
     x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
+        assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
         return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp)
     return fns.val_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables)
 
 
 # -----------------------------------------------------------------------------
 # Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
-
-def is_muon(name):
-    return PARAMS[name].optim == "muon"
-
-
-def is_slow(name):
-    """Stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
-    return PARAMS[name].optim == "adam" and PARAMS[name].slow
-
-
-def normuon_update_cpu(o, v2, master, lr_mul, param_out, *, lr, beta2, wd):
-    """kernels.normuon.normuon_update's contract (param_out written in place) through its PyTorch reference."""
-    param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, lr=lr, beta2=beta2, wd=wd, param_dtype=param_out.dtype))
 
 
 class StepKernels(NamedTuple):
@@ -1172,22 +1099,28 @@ class StepKernels(NamedTuple):
     transpose_add: object  # dst += src.T
     transpose_copy: object  # dst = src.T
 
+    @staticmethod
+    def on(device):
+        if device.type == "cuda":
+            return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step,
+                               transpose_add, transpose_copy)
 
-def step_kernels(device):
-    if device.type == "cuda":
-        return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step, transpose_add,
-                           transpose_copy)
-    return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_update_cpu, fused_adamw_multi_step_ref,
-                       transpose_add_ref, transpose_copy_ref)
+        def normuon_cpu(o, v2, master, lr_mul, param_out, **kw):  # the kernel's contract: param_out in place
+            param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, param_dtype=param_out.dtype, **kw))
+        return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_cpu, fused_adamw_multi_step_ref,
+                           transpose_add_ref, transpose_copy_ref)
 
 
 class Group:
-    """One parameter: its fp32 gradient accumulator (rows padded) and this rank's optimizer shard."""
+    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded) and this rank's optimizer
+    shard. slow: stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
 
     def __init__(self, name, param, d):
-        self.name, self.param = name, param
+        self.name, self.param, self.spec = name, param, PARAMS[name]
+        self.muon = self.spec.optim == "muon"
+        self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
-        self.rows_pad = padded_rows(self.rows, d.world)
+        self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
         self.k = self.rows_pad // d.world
         self.lo = d.rank * self.k
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
@@ -1208,7 +1141,7 @@ class Group:
         self.master = self.shard_of(p)  # fp32 master of my rows
         self.sync_shard_param()
         self.step = 0
-        if is_muon(self.name):
+        if self.muon:
             M, N = p.shape[1:]
             self.mom = torch.zeros_like(self.master)
             self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
@@ -1220,11 +1153,10 @@ class Group:
     def sync_shard_param(self):
         """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
         (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard."""
-        copy = is_muon(self.name)
-        self.shard_param = self.master.to(self.param.dtype, copy=copy)
+        self.shard_param = self.master.to(self.param.dtype, copy=self.muon)
 
     def state_tensors(self):
-        keys = ("master", "mom", "v2") if is_muon(self.name) else ("master", "exp_avg", "exp_avg_sq")
+        keys = ("master", "mom", "v2") if self.muon else ("master", "exp_avg", "exp_avg_sq")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -1242,7 +1174,7 @@ class Optimizer:
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
-        self.k = step_kernels(d.device)
+        self.k = StepKernels.on(d.device)
         self.groups = {n: Group(n, params[n], d) for n in PARAMS}
         self._embedding_accs = None  # embedding_accs(), made on first use
         self.tied = True
@@ -1254,9 +1186,9 @@ class Optimizer:
         for g in self.groups.values():
             g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
         for g in self.groups.values():
-            if is_muon(g.name):  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
+            if g.muon:  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
                 idx = torch.arange(g.lo, g.lo + g.k, device=d.device)
-                g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if PARAMS[g.name].proj else 1.0, 1.0).float()
+                g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
 
     @torch.no_grad()
     def accumulate(self):
@@ -1298,7 +1230,7 @@ class Optimizer:
         while tied the head's (tied_final never holds "embed")."""
         if not self._fold(g):
             return
-        if self.final is None or (is_slow(g.name) and not self.final):
+        if self.final is None or (g.slow and not self.final):
             return
         if self.tied and g.name in ("embed", "lm_head"):
             self.tied_final.add(g.name)
@@ -1350,7 +1282,7 @@ class Optimizer:
         start are started in PARAMS order; the Adam groups' updates wait for all Adam reduce-scatters and run as one
         fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
         d = self.d
-        names = [n for n in PARAMS if slow or not is_slow(n)]
+        names = [n for n, g in self.groups.items() if slow or not g.slow]  # in PARAMS order
         if self.final is not None and self.final != slow:
             raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
         if slow and self.tied and "lm_head" not in self.launched:
@@ -1364,14 +1296,14 @@ class Optimizer:
         self.tied_final.clear()
         adam = []
         for g, work, grad in launched:
-            if not is_muon(g.name):
+            if not g.muon:
                 if work is not None:
                     work.wait()
                 adam.append((g, grad))
         self._adam(adam, lr_mul)
         gathers = [(g, all_gather_rows(d, g.shard_param, g.gathered)) for g, _ in adam]
         for g, work, grad in launched:
-            if is_muon(g.name):
+            if g.muon:
                 if work is not None:
                     work.wait()
                 self._muon(g, grad, lr_mul, momentum)
@@ -1393,9 +1325,8 @@ class Optimizer:
         hp = self.hp
         params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
         for g, grad in items:
-            spec = PARAMS[g.name]
-            (b1, b2), wd_mul = spec.betas, spec.wd_mul
-            lr = hp.adam_lr * spec.lr_mul * lr_mul
+            (b1, b2), wd_mul = g.spec.betas, g.spec.wd_mul
+            lr = hp.adam_lr * g.spec.lr_mul * lr_mul
             g.step += 1
             fp32 = g.shard_param.dtype == torch.float32  # fp32 parameters: the master is the parameter shard
             params.append(g.master if fp32 else g.shard_param)
@@ -1428,7 +1359,7 @@ class Optimizer:
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
                          for n, g in self.groups.items()}}
         if self.pending:
-            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if is_slow(n)}
+            sd["acc"] = {n: g.acc.cpu() for n, g in self.groups.items() if g.slow}
         return sd
 
     def load_state_dict(self, sd):
@@ -1445,26 +1376,7 @@ class Optimizer:
 
 
 # -----------------------------------------------------------------------------
-# Data: BOS-aligned training micro-batches (background thread), contiguous validation micro-batches
-
-
-def check_token_ids(files, vocab_size, vocabulary=None):
-    """The largest token id in the shards; a ShardError naming the file and the first position of an id
-    >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the
-    CPU, a device-side assert on the GPU). vocabulary: what the limit is, for the message (default: the
-    model's vocabulary). One vectorised max over each memory-mapped shard (a 100M-token shard is 200 MB: a
-    fraction of a second from the page cache)."""
-    top = -1
-    for f in files:
-        tokens = load_shard(f, mmap=True)
-        m = int(tokens.max())
-        if vocab_size is not None and m >= vocab_size:
-            pos = int(np.argmax(tokens >= vocab_size))
-            what = vocabulary or f"the model's vocabulary (vocab_size {vocab_size})"
-            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside {what}; were these "
-                             f"shards made with another tokenizer?")
-        top = max(top, m)
-    return top
+# Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
 
 
 def fit_to_data(hp, train_files, val_files, bos_id=None):
@@ -1489,17 +1401,14 @@ def fit_to_data(hp, train_files, val_files, bos_id=None):
     return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
-def bos_positions(tokens, bos_id):
-    return np.flatnonzero(np.asarray(tokens) == bos_id)
-
-
 class TrainLoader:
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
     A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to the stage's
-    max_doc_len and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not resumed: the
-    next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves to the
-    next shard (cycling through the files). State = (shard index, BOS index, epoch) before the next batch.
+    max_doc_len and to the room left (T + 1 tokens: inputs and shifted targets). A document cut short is not
+    resumed: the next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves
+    to the next shard (cycling through the files). State = {shard index, BOS index, epoch, step}: where the next
+    batch starts and the step it is for (the schedule's micro-batch length and max_doc_len).
     A background thread prepares the next step's batch (pinned tensors + embedding prep).
     """
 
@@ -1515,7 +1424,7 @@ class TrainLoader:
         """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
         if i not in self._cache:
             tokens = load_shard(self.files[i], mmap=True)
-            self._cache = {i: (tokens, bos_positions(tokens, self.hp.bos_id))}
+            self._cache = {i: (tokens, np.flatnonzero(np.asarray(tokens) == self.hp.bos_id))}
         return self._cache[i]
 
     def _plan(self, state, T, max_doc_len):
@@ -1549,7 +1458,7 @@ class TrainLoader:
 
     def _build(self, state):
         step = state["step"]
-        T, max_doc_len = self.micro_tokens_at(step), max_doc_len_at(self.hp, step)
+        T, max_doc_len = self.micro_tokens_at(step), stage_at(self.hp, step)[1].max_doc_len
         spans, new_state = self._plan(state, T, max_doc_len)
         new_state["step"] = step + 1
         tokens = self._shard(new_state["shard"])[0]  # the spans lie in the shard the plan ended in
@@ -1604,25 +1513,6 @@ class TrainLoader:
         self.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": step})
 
 
-def val_plan(hp, val_tokens_available):
-    """Number of global validation micro-batches: whole micro-batches, a multiple of SLOTS."""
-    T = hp.val_micro_tokens
-    n = min(hp.val_tokens, val_tokens_available - 1) // T // SLOTS * SLOTS
-    if n == 0:
-        raise ShardError(f"validation shard has {val_tokens_available} tokens, fewer than {SLOTS} micro-batches "
-                         f"of {T} (+1) tokens")
-    return n
-
-
-def val_batches(hp, tokens, n_micro, d):
-    """Contiguous chunks of T (+1) tokens; rank r takes chunks r, r+W, ..."""
-    T = hp.val_micro_tokens
-    for m in range(d.rank, n_micro, d.world):
-        buf = torch.from_numpy(np.asarray(tokens[m * T:m * T + T + 1]).astype(np.int64))
-        yield MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
-                         doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
-
-
 # -----------------------------------------------------------------------------
 # Checkpoints
 
@@ -1634,11 +1524,6 @@ class CheckpointError(ValueError):
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
                      "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "ce_fused_transpose")
-
-
-def barrier(d):
-    if d.world > 1:
-        dist.barrier()
 
 
 def fsync_dir(path):
@@ -1659,7 +1544,8 @@ def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d,
     tmp = path.with_name(path.name + ".tmp")
     if d.rank == 0:
         tmp.mkdir(parents=True)
-    barrier(d)
+    if d.world > 1:
+        dist.barrier()
     state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
              "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
              "hyperparameters": dataclasses.asdict(hp)}
@@ -1669,7 +1555,8 @@ def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d,
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
-    barrier(d)
+    if d.world > 1:
+        dist.barrier()
     if d.rank == 0:
         fsync_dir(tmp)
         os.rename(tmp, path)
@@ -1741,15 +1628,18 @@ class Trainer:
     def __init__(self, hp, d, train_files, val_files):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
-        if hp.adam_every < 1:
-            raise ValueError(f"adam_every must be >= 1, got {hp.adam_every}")
         self.params = init_params(hp, d.device, hp.seed)
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
         self.opt = Optimizer(hp, self.params, d)
         self.fns = build_fns(hp, d.device, hp.compile)
         self.loader = TrainLoader(hp, train_files, d, lambda s: micro_tokens_at(hp, s))
         self.val_tokens = load_shard(val_files[0], mmap=True)
-        self.val_micro = val_plan(hp, len(self.val_tokens))
+        # Validation: whole global micro-batches of val_micro_tokens (+1), a multiple of SLOTS.
+        T = hp.val_micro_tokens
+        self.val_micro = min(hp.val_tokens, len(self.val_tokens) - 1) // T // SLOTS * SLOTS
+        if self.val_micro == 0:
+            raise ShardError(f"validation shard has {len(self.val_tokens)} tokens, fewer than {SLOTS} micro-batches "
+                             f"of {T} (+1) tokens")
         self.rot_cache = {}
         # Multi-token weights of every step as device tensors, made once (a per-step copy could block), zero-padded
         # to the stage table's longest list: a weight of 0 adds nothing to the loss or its gradient, and one
@@ -1798,12 +1688,16 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, windows, max_micro=None, yarn_long=None):
-        n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * self.d.world)
-        total = torch.zeros((), dtype=torch.float32, device=self.d.device)
-        for mb in val_batches(self.hp, self.val_tokens, n, self.d):
-            total += forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, train=False,
-                             yarn_long=yarn_long)
-        if self.d.world > 1:
+        """Mean validation loss over contiguous chunks of val_micro_tokens (+1) tokens: rank r takes r, r+W, ..."""
+        hp, d, T = self.hp, self.d, self.hp.val_micro_tokens
+        n = self.val_micro if max_micro is None else min(self.val_micro, max_micro * d.world)
+        total = torch.zeros((), dtype=torch.float32, device=d.device)
+        for m in range(d.rank, n, d.world):
+            buf = torch.from_numpy(np.asarray(self.val_tokens[m * T:m * T + T + 1]).astype(np.int64))
+            mb = MicroBatch(buf[:-1].to(torch.int32).to(d.device), buf[1:].to(d.device), None,
+                            doc_cu_seqlens(buf[:-1], hp.bos_id).to(d.device))
+            total += forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=False, yarn_long=yarn_long)
+        if d.world > 1:
             dist.all_reduce(total)
         return (total / n).item()
 
@@ -1848,78 +1742,29 @@ def warmup(trainer, log=None):
         hs = trainer.hellaswag
         model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache)
         timed("hellaswag pack", lambda: hellaswag_scores(model, hs.packs[:1], len(hs.labels), trainer.d.device))
-    trainer.loader.close()
     trainer.reset()
     if cuda:
         torch.cuda.synchronize()
     return phases
 
 
-def compile_warmup(trainer, log, cache=None):
-    """Compile every shape before the clock starts (warmup) and log how it went (compilation.log_compilation)."""
-    if not trainer.hp.compile:
-        # Warmup exists to compile; without compilation it would only repeat work (reset is unit-tested).
-        log("compile_warmup_s: 0.0")
-        return
-    n_before = len(compile_metrics())
-    phases = warmup(trainer, log)
-    log_compilation(log, phases, compile_metrics()[n_before:], cache, trainer.d)
-
-
-def resolve_files(hp):
-    """(train shard paths, val shard paths); a missing corpus names the commands that make one."""
-    try:
-        return shard_files(hp.train_files), shard_files(hp.val_files)
-    except FileNotFoundError as e:
-        hint = "" if "cached_fineweb10B" in str(e) else "; get the FineWeb shards with `python data/cached_fineweb10B.py 9`"
-        raise FileNotFoundError(f"{e}{hint}, or make shards from your own text with `python data/prepare_text.py` "
-                                f"and point --train-files / --val-files at them") from e
-
-
-def new_run_id(d):
-    """A fresh run id (date, time, random suffix), the same on every rank: rank 0's, broadcast."""
-    run_id = [f"{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:8]}"]
-    if d.world > 1:
-        dist.broadcast_object_list(run_id, src=0)
-    return run_id[0]
-
-
-def open_log(hp, args, d, train_files, val_files, run_id):
-    """The run's log LOG_DIR/RUN_ID.txt, started with the code that ran and the header, then its own path and
-    the checkpoint folder's (printed too). The log is created, never overwritten: check_settings refused a taken
-    --run-id, and a log made since then by another process is refused here."""
-    path = Path(args.log_dir) / f"{run_id}.txt"
-    try:
-        log = Logger(path, d.rank == 0)
-    except FileExistsError:
-        raise SettingsError(f"--run-id {run_id}: the log {path} exists (a log is never overwritten)") from None
-    log(source_dump(), console=False)
-    log("=" * 100, console=False)
-    for line in header_lines(hp, d, train_files, val_files):
-        log(line, console=False)
-    log("=" * 100, console=False)
-    log(f"log_file: {path}")
-    log(f"checkpoint_dir: {Path(args.checkpoint_dir) / run_id}")
-    return log
-
-
-def resume(trainer, path, log):
-    """Load a checkpoint into the trainer; returns (first step to run, train time so far in ms)."""
-    ck = load_checkpoint(path, trainer.params, trainer.opt, trainer.d)
-    trainer.loader.load_state(ck["loader"])
-    log(f"resumed_from: {path} step {ck['step']}")
-    return ck["step"], ck["train_time_ms"]
-
-
 def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
-    """Steps start_step .. total_steps with validations and checkpoints; the clock stops during both.
+    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints; the clock stops during each.
     Returns (train time in ms, {stage index: [step times in ms]})."""
     hp, d = trainer.hp, trainer.d
-    cuda = d.device.type == "cuda"
 
     def sync():
-        if cuda:
+        if d.device.type == "cuda":
             torch.cuda.synchronize()
+
+    @contextlib.contextmanager
+    def clock_stopped():  # train_ms counts up to here (the device's queued work done); the block is not timed
+        nonlocal train_ms, t0
+        sync()
+        train_ms += 1000 * (time.perf_counter() - t0)
+        yield
+        sync()
+        t0 = time.perf_counter()
 
     T_total = hp.total_steps
     stage_ms = {}
@@ -1929,29 +1774,19 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         last = step == T_total
         first = step == start_step and resumed
         if last or (hp.val_every > 0 and step % hp.val_every == 0):
-            sync()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            windows, yarn_long = val_windows(hp, step)
-            val = trainer.validate(windows, yarn_long=yarn_long)
-            log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
-                f"step_avg:{train_ms / max(step, 1):.2f}ms")
-            sync()
-            t0 = time.perf_counter()
+            with clock_stopped():
+                windows, yarn_long = val_windows(hp, step)
+                val = trainer.validate(windows, yarn_long=yarn_long)
+                log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
+                    f"step_avg:{train_ms / max(step, 1):.2f}ms")
         if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
-            if cuda:
-                torch.cuda.synchronize()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                                          windows_at(hp, min(step, T_total - 1))))
-            log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            with clock_stopped():
+                res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                                              windows_at(hp, min(step, T_total - 1))))
+                log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
         if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-            sync()
-            train_ms += 1000 * (time.perf_counter() - t0)
-            save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
-            t0 = time.perf_counter()
+            with clock_stopped():
+                save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
         if last:
             break
         t_step = time.perf_counter()
@@ -1963,63 +1798,6 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
         log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
     trainer.loader.close()
     return train_ms, stage_ms
-
-
-def matmul_params(hp):
-    """Weights used in matmuls per token (banks + LM head): 6 FLOPs each per token for forward + backward."""
-    C = hp.model_dim
-    return len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
-
-
-def log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup):
-    """The footer: peak memory, tokens/s, MFU against the measured matmul ceiling, per-stage step times,
-    recompilations during the timed run."""
-    hp, d = trainer.hp, trainer.d
-    cuda = d.device.type == "cuda"
-    if cuda:
-        log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
-            f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-    steps_run = hp.total_steps - start_step
-    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
-    tok_s = tokens / d.world / max(train_ms / 1000, 1e-9) if steps_run else 0.0
-    log(f"tokens_per_s_per_gpu: {tok_s:.0f}")
-    name = torch.cuda.get_device_name(d.device) if cuda else ""
-    ceilings = ceilings_for(name) if cuda else None
-    if ceilings:
-        peak = ceilings[1]
-        log(f"mfu: {100 * 6 * matmul_params(hp) * tok_s / peak:.1f}% (6 FLOPs per matmul weight per token, "
-            f"attention scores excluded, of {peak / 1e12:.0f} TFLOP/s: measured dense bf16 matmul on {name}, "
-            f"kernels/hardware.py)")
-    else:
-        log("mfu: n/a (no peak FLOP/s figure for this device)")
-    log("stage_step_avg: " + " ".join(f"stage{i}:{sum(v) / len(v):.2f}ms" for i, v in sorted(stage_ms.items())))
-    if hp.compile:
-        extra = unique_graphs() - graphs_after_warmup
-        log(f"recompiles_during_timed_run: {extra}" + ("  WARNING: shapes or guards changed after warmup"
-                                                         if extra else ""))
-
-
-def profile_stages(trainer, log):
-    """--profile-steps N: before the timed run, N steps from each stage start under torch.profiler (a chrome
-    trace per stage and rank next to the log, a table in the log: profiling.profile), then a full state reset as
-    after the compile warmup. Untimed: the record's train time never includes the profiler. The steps start from
-    the initial weights, not from the weights the run has at that stage: kernel times depend on shapes, not
-    values."""
-    hp, d = trainer.hp, trainer.d
-    for i, (start, end, _) in enumerate(stage_bounds(hp)):
-        if start >= end:
-            continue
-        trainer.loader.rewind(start)
-        n = min(hp.profile_steps, hp.total_steps - start)
-        trace = log.path.parent / f"{log.path.stem}_profile_stage{i}_rank{d.rank}.json"
-        lines = profile(lambda: [trainer.train_step(s, want_loss=False) for s in range(start, start + n)], n,
-                        d.device, trace)
-        log(f"profile_stage{i}: steps {start}..{start + n - 1}, trace {trace}"
-            + ("" if d.device.type == "cuda" else " (CPU: top-level operators, not GPU kernels)"))
-        for line in lines:
-            log(line)
-    trainer.loader.close()
-    trainer.reset()
 
 
 def run_training(hp, args, d):
@@ -2042,26 +1820,36 @@ def run_training(hp, args, d):
 
 
 def train(hp, args, d, train_files, val_files, log, ckpt_dir):
-    """Trainer, compile warmup, optional resume, timed loop, footer."""
-    cache = open_compile_cache(args.compile_cache, hp.compile, d, log)
+    """Trainer, compile warmup (compilation.Compilation), optional profile and resume, timed loop, footer."""
+    compiling = Compilation(hp.compile, args.compile_cache, d, log)
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"embedding_backward: {trainer.fns.embed_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    compile_warmup(trainer, log, cache)
-    if hp.profile_steps > 0:
-        profile_stages(trainer, log)
-    graphs_after_warmup = unique_graphs()
-    start_step, train_ms = resume(trainer, args.resume, log) if args.resume else (0, 0.0)
+    compiling.warmup(lambda: warmup(trainer, log))
+    if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
+        profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
+                       lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
+    compiling.timed_run_starts()
+    start_step, train_ms = 0, 0.0
+    if args.resume:
+        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
+        trainer.loader.load_state(ck["loader"])
+        log(f"resumed_from: {args.resume} step {ck['step']}")
+        start_step, train_ms = ck["step"], ck["train_time_ms"]
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume))
-    log_summary(trainer, log, start_step, train_ms, stage_ms, graphs_after_warmup)
+    C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
+    weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
+    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
+    log_summary(log, d, tokens, train_ms, stage_ms, weights)
+    compiling.log_recompiles()
 
 
 # -----------------------------------------------------------------------------
-# Evaluation and sampling: the model as evaluation.py takes it (sequence_logits), --hellaswag, --sample
+# Evaluation and sampling: the model as evaluation.py takes it (model_logits) and a checkpoint's (load_model)
 
 
 @torch.no_grad()
@@ -2091,58 +1879,22 @@ def model_logits(hp, params, fns, rot_cache, windows=None):
 def load_model(path, d):
     """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
     ck = read_checkpoint(path, 0)
+    saved = ck["hyperparameters"]  # dataclasses.asdict of the run's: plain data, tuples as lists
+
+    def tuples(row):
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
     try:
-        hp = hyperparameters_from_dict(ck["hyperparameters"])
+        hp = Hyperparameters(**tuples(saved), stages=tuple(Stage(**tuples(s)) for s in saved["stages"]))
     except TypeError as e:  # a field this code does not know, or lacks
         raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
-def evaluate_hellaswag(args, d):
-    """--hellaswag CHECKPOINT: accuracy of the checkpoint's model; printed and written next to it."""
-    hp, params, fns = load_model(args.hellaswag, d)
-    over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
-    hp = dataclasses.replace(hp, **over)
-    bench = HellaSwag(hp, d, BLOCK)
-    graphs, t0 = unique_graphs(), time.perf_counter()
-    res = bench.evaluate(model_logits(hp, params, fns, {}))
-    res |= {"file": str(hp.hellaswag_file), "limit": hp.hellaswag_limit, "world_size": d.world,
-            "scoring": "acc: summed ending log-likelihood; acc_norm: mean per ending token",
-            "packs": len(bench.packs), "seconds": round(time.perf_counter() - t0, 1),
-            "compiled_graphs": unique_graphs() - graphs}
-    if d.rank == 0:
-        print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
-        print(f"hellaswag_eval: {res['packs']} packs of {bench.packs[0].ids.numel() if bench.packs else 0} tokens "
-              f"on rank 0, {res['seconds']} s, {res['compiled_graphs']} graphs compiled")
-        (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
-    return res
-
-
-def sample(args, d):
-    """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
-    sequence), drawn with --temperature / --top-k from a generator seeded with --seed."""
-    hp, params, fns = load_model(args.sample, d)
-    enc = load_gpt2()
-    prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
-    g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
-    model, texts, graphs = model_logits(hp, params, fns, {}), [], unique_graphs()
-    for i in range(args.num_samples):
-        ids = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, g, d.device)
-        texts.append(enc.decode(ids[1:]))
-        if d.rank == 0:
-            print(texts[-1] if args.num_samples == 1 else f"--- sample {i + 1}/{args.num_samples}\n{texts[-1]}")
-    if d.rank == 0:  # on stderr: stdout is the text
-        print(f"sample_eval: {unique_graphs() - graphs} graphs compiled (the model runs eagerly)",
-              file=sys.stderr)
-    return texts
-
-
 # -----------------------------------------------------------------------------
 # Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
 
 
-PARAM_DTYPES = ("bfloat16", "float32")  # what the kernels and their tests cover
 # Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
 HP_RANGES = {
     "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "final_long_window": (1, None),
@@ -2156,7 +1908,6 @@ HP_RANGES = {
 }
 # The same for the flags that are not hyperparameters (sampling).
 ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None)}
-RUN_ID_CHARS = "letters, digits, '.', '_' and '-', not starting with '.'"
 
 
 def flag_name(field):
@@ -2175,16 +1926,8 @@ def check_settings(hp, args, world, cuda):
     training = not (args.sample or args.hellaswag)
     if args.sample and args.hellaswag:
         raise SettingsError("--sample and --hellaswag: give one of them")
-
-    def bounded(name, value, lo, hi):
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            rule = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise SettingsError(f"{flag_name(name)}: must be {rule}, got {value}")
-
-    for name, (lo, hi) in HP_RANGES.items():
-        bounded(name, getattr(hp, name), lo, hi)
-    for name, (lo, hi) in ARG_RANGES.items():
-        bounded(name, getattr(args, name), lo, hi)
+    check_ranges(hp, HP_RANGES, flag_name)
+    check_ranges(args, ARG_RANGES, flag_name)
     if hp.untie_stage >= len(hp.stages) or not any(
             slow_adam_step(hp, s) for s in range(stage_bounds(hp)[hp.untie_stage][0], hp.total_steps)):
         raise SettingsError(f"--untie-stage: {hp.untie_stage} is not a stage with an Adam step to untie after (the "
@@ -2235,8 +1978,8 @@ def check_settings(hp, args, world, cuda):
     if hp.muon_momentum_min > hp.muon_momentum_max:
         raise SettingsError(f"--muon-momentum-min {hp.muon_momentum_min} is above --muon-momentum-max "
                             f"{hp.muon_momentum_max}")
-    if hp.param_dtype not in PARAM_DTYPES:
-        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of {', '.join(PARAM_DTYPES)}")
+    if hp.param_dtype not in ("bfloat16", "float32"):  # what the kernels and their tests cover
+        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of bfloat16, float32")
     if hp.val_micro_tokens < BLOCK or hp.val_micro_tokens % BLOCK:
         raise SettingsError(f"--val-micro-tokens: must be a multiple of {BLOCK} (the window unit), got "
                             f"{hp.val_micro_tokens}")
@@ -2248,14 +1991,8 @@ def check_settings(hp, args, world, cuda):
     if not cuda and not args.smoke:
         raise SettingsError("the full model needs a CUDA GPU and torch sees none; use --smoke for a tiny CPU model "
                             "(its flags can be changed like any other)")
-    run_id = args.run_id
-    if run_id is not None:
-        if not run_id or run_id.startswith(".") or any(not (c.isalnum() or c in "._-") for c in run_id):
-            raise SettingsError(f"--run-id {run_id!r}: use {RUN_ID_CHARS}")
-        for taken in (Path(args.log_dir) / f"{run_id}.txt", Path(args.checkpoint_dir) / run_id):
-            if taken.exists():
-                raise SettingsError(f"--run-id {run_id} is taken: {taken} exists (a run never overwrites another's "
-                                    f"log or checkpoints; choose another id, or leave --run-id out for a new one)")
+    if args.run_id is not None:
+        check_run_id(args.run_id, args.log_dir, args.checkpoint_dir)
 
 
 # -----------------------------------------------------------------------------
@@ -2324,32 +2061,14 @@ def hyperparameters_from(args):
     return hp
 
 
-def keep_freed_memory():
-    """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
-    allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
-    each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
-    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-4, 0)  # M_MMAP_MAX: serve large blocks from the heap as well
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of free heap
-    except (OSError, AttributeError):
-        pass
-
-
-# Problems with the user's settings, data, checkpoint or launch: one line and exit code 2 (bugs keep their traceback).
-USER_ERRORS = (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError)
-
-
 def main(argv=None):
-    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem of
-    USER_ERRORS is one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and
-    SystemExit(2) on every rank."""
+    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem with
+    the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by
+    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback)."""
     args = parse_args(argv)
     try:
         return run(args)
-    except USER_ERRORS as e:
+    except (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError) as e:
         if launch_rank() == 0:
             print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
@@ -2371,9 +2090,9 @@ def run(args):
     d = setup_distributed()
     try:
         if args.sample:
-            return sample(args, d)
+            return sample(args, d, load_model, model_logits)
         if args.hellaswag:
-            return evaluate_hellaswag(args, d)
+            return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
         torch.manual_seed(hp.seed)
         return run_training(hp, args, d)
     finally:

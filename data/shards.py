@@ -21,8 +21,9 @@ Policy choices:
 - Writes are atomic: the bytes go to a temporary file in the destination folder, then ``os.replace`` gives it
   the final name, so an interrupted write never leaves a half shard under the final name.
 
-Usage in the trainer: ``torch.from_numpy(load_shard(path).astype(np.int32))``; ``load_shard(path, mmap=True)``
-returns a read-only ``np.memmap`` for callers that only slice.
+Usage: ``load_shard(path)`` reads the tokens into memory; ``load_shard(path, mmap=True)`` returns a read-only
+``np.memmap`` for callers that only slice (the trainer reads every shard so). ``check_token_ids`` checks the ids
+of shards against a vocabulary before a run trains on them.
 """
 import glob
 import os
@@ -149,6 +150,25 @@ def load_shard(path, mmap=False):
         raise ShardError(f"{path}: read {got} token bytes but the header promised {2 * n_tokens}")
     return tokens
 
+
+
+def check_token_ids(files, vocab_size, vocabulary=None):
+    """The largest token id in the shards ``files``; a ShardError naming the file and the first position of an id
+    >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the CPU, a
+    device-side assert on the GPU). vocabulary: what the limit is, for the message (default: the model's
+    vocabulary). One vectorised max over each memory-mapped shard (a 100M-token shard is 200 MB: a fraction of a
+    second from the page cache)."""
+    top = -1
+    for f in files:
+        tokens = load_shard(f, mmap=True)
+        m = int(tokens.max())
+        if vocab_size is not None and m >= vocab_size:
+            pos = int(np.argmax(tokens >= vocab_size))
+            what = vocabulary or f"the model's vocabulary (vocab_size {vocab_size})"
+            raise ShardError(f"{f}: token id {int(tokens[pos])} at position {pos} is outside {what}; were these "
+                             f"shards made with another tokenizer?")
+        top = max(top, m)
+    return top
 
 def shard_files(pattern):
     """Sorted list of the files matching the glob ``pattern`` (``**`` allowed); raise if there are none.

@@ -7,7 +7,10 @@ not in this repository), not the datasheet peaks. The benchmark's roofline colum
 both divide by these figures, so the two agree.
 
 ``git_sha()``: the commit that ran, for logs and benchmark CSVs.
+
+``keep_freed_memory()``: the host allocator setting of the trainer's CPU runs.
 """
+import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -38,3 +41,16 @@ def git_sha():
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def keep_freed_memory():
+    """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
+    allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
+    each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
+    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-4, 0)  # M_MMAP_MAX: serve large blocks from the heap as well
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of free heap
+    except (OSError, AttributeError):
+        pass

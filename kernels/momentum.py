@@ -13,8 +13,8 @@ Polar Express can take it with ``normalized=True``. The divisor ``sqrt(sum b^2) 
 computed in fp32 (correctly rounded square root), and ``b / divisor`` is a correctly rounded fp32 division
 followed by one rounding to bf16. Since ||X||_2 <= ||X||_F, dividing by 1.02 x the Frobenius norm puts
 every singular value below 1/1.02: the 2e-2 safety margin the Polar Express coefficients were computed
-for (KERNELS.md section 2) absorbs the bf16 rounding of X. 1e-6 keeps an all-zero update at X = 0
-instead of 0/0.
+for (kernels/polar_express.py's docstring; Amsel et al. 2025, arXiv 2505.16932) absorbs the bf16 rounding
+of X. 1e-6 keeps an all-zero update at X = 0 instead of 0/0.
 
 Shapes: ``grad`` is (M, N) or (B, M, N) with any strides, bf16 or fp32; ``buf`` is fp32 of the same
 shape and contiguous (it is optimizer state, allocated by us); X is bf16, contiguous, same shape.
@@ -47,7 +47,7 @@ import triton.language as tl
 
 from kernels._checks import check_kernel_device, overlaps
 
-# Polar Express's safety factor (KERNELS.md section 2) and the epsilon that keeps 0 / 0 away.
+# Polar Express's safety factor (kernels/polar_express.py's docstring) and the epsilon that keeps 0 / 0 away.
 NORM_SAFETY = 1.02
 NORM_EPS = 1e-6
 

@@ -1,13 +1,15 @@
-"""Tests of compilation.py: --compile-cache (save, load, a stale or unstamped cache, a path that is a file) and
-the compile report's lines and cache states. A smoke run with --compile-cache and no compilation is tested in
-test_train_gpt.py."""
+"""Tests of compilation.py: --compile-cache (save, load, a stale or unstamped cache, a path that is a file), the
+compile report's lines and cache states, and a run's Compilation without compilation. A smoke run with
+--compile-cache and no compilation is tested in test_train_gpt.py."""
 import json
 import os
 import types
 
 import pytest
 
-from compilation import CompileCache, compile_report, inductor_cache_dir, triton_cache_dir
+import torch
+
+from compilation import Compilation, CompileCache, compile_report, inductor_cache_dir, triton_cache_dir
 
 
 def _stamp(**over):
@@ -94,3 +96,19 @@ def test_compile_report_states_and_lines():
     assert compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
     assert compile_report([frame("0/0", 2, 0), frame("0/1", 0, 2)], phases)[1] == \
         "partly warm (2 of 4 graphs from the cache)"
+
+
+def test_compilation_without_compiling_runs_no_warmup(tmp_path):
+    """hp.compile off (the CPU): --compile-cache is logged as unused and left alone, the warmup is not run (one
+    `compile_warmup_s: 0.0` line) and there is no recompile line."""
+    lines = []
+    d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    comp = Compilation(False, str(tmp_path / "cc"), d, lines.append)
+    comp.warmup(lambda: pytest.fail("the warmup ran without compilation"))
+    comp.timed_run_starts()
+    comp.log_recompiles()
+    assert lines == [f"compile_cache: --compile-cache {tmp_path / 'cc'} not used (nothing is compiled)",
+                     "compile_warmup_s: 0.0"]
+    assert comp.cache is None and not (tmp_path / "cc").exists()
+    Compilation(False, None, d, lines.append)
+    assert len(lines) == 2, "no --compile-cache: nothing to say"

@@ -461,8 +461,8 @@ def test_tuning_candidates_are_valid_and_agree(device):
 
 def test_coefficients_are_the_published_ones():
     """Pinned independently of the module: Amsel et al. 2025 for 5 iterations, safety factor 2e-2, cushion 2,
-    as in the reference speedrun (KERNELS.md section 2). The band test derives its band from the module's
-    constants, so a changed constant must be caught here."""
+    as in the reference speedrun (arXiv 2505.16932; kernels/polar_express.py's docstring). The band test derives
+    its band from the module's constants, so a changed constant must be caught here."""
     published = [
         (8.156554524902461, -22.48329292557795, 15.878769915207462),
         (4.042929935166739, -2.808917465908714, 0.5000178451051316),

@@ -1,7 +1,9 @@
-"""Tests of profiling.py (train_gpt.py --profile-steps): the profile table's categories, busy and idle time, and
-the communication overlap line that records/compare.py reads back. The profiled smoke run itself is tested in
-test_train_gpt.py."""
-from profiling import busy_us, profile_table
+"""Tests of profiling.py (train_gpt.py --profile-steps): the profile table's categories, busy and idle time, the
+communication overlap line that records/compare.py reads back, and profile_stages' steps per stage. The profiled
+smoke run itself is tested in test_train_gpt.py."""
+import types
+
+from profiling import busy_us, kernel_category, profile_stages, profile_table
 from test_train_gpt import compare  # records/compare.py, the one parser of the trainer's logs
 
 
@@ -21,7 +23,7 @@ def test_profile_table_categorises_kernels():
         ("sm90_xmma_gemm_bf16bf16_bf16f32", 310, 330),
     ]
     lines, cat = profile_table(kernels, wall_us=400.0, n_steps=2, top=3)
-    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0,
+    assert cat == {"communication": 100.0, "optimizer": 35.0, "attention": 60.0, "matmul": 140.0, "copies": 0.0,
                    "elementwise/other": 15.0, "idle": 400.0 - 330.0 + 30.0}
     assert busy_us([(a, b) for _, a, b in kernels]) == 300.0
     top = [line.split()[-1] for line in lines[2:5]]
@@ -48,3 +50,35 @@ def test_profile_table_reports_communication_overlap():
                                              "step:1/1 train_time:300ms step_avg:300.00ms"]))
     assert run.profile[0]["communication"] == {"busy_ms": 120.0, "overlapped_ms": 55.0, "exposed_ms": 65.0}
     assert run.profile[0]["steps"] == 1 and run.profile[0]["categories"]["communication"] == 130.0
+
+
+def test_transposes_and_memory_copies_are_copies_not_optimizer():
+    """kernels.transpose's kernel also writes the FP8 head's e4m3 operands and e5m2 gradient transposed (not
+    optimizer work); GPU memcpy / memset are copies too. Polar Express's Gram kernel stays optimizer."""
+    assert kernel_category("_transpose_kernel") == "copies"
+    assert kernel_category("Memcpy DtoD (Device -> Device)") == kernel_category("Memset (Device)") == "copies"
+    assert kernel_category("_gram_kernel") == "optimizer" and kernel_category("aten::copy_") == "elementwise/other"
+    lines, cat = profile_table([("_transpose_kernel", 0, 10), ("_adamw_kernel", 10, 12)], wall_us=20.0, n_steps=1)
+    assert cat["copies"] == 10.0 and cat["optimizer"] == 2.0 and " copies 0.01 ms (50.0%)" in lines[-1]
+
+
+def test_profile_stages_profiles_each_stage_start_then_resets(tmp_path):
+    """N steps from each non-empty stage start (cut at the run's end), each after a rewind to that start; one
+    trace per stage named after the log; the trainer's reset once at the end."""
+    class Log(list):  # the trainer's Logger: called with a line, knows its path
+        path = tmp_path / "run.txt"
+
+        def __call__(self, line):
+            self.append(line)
+
+    calls, log = [], Log()
+    d = types.SimpleNamespace(rank=0, device=types.SimpleNamespace(type="cpu"))
+    profile_stages([(0, 4), (4, 4), (4, 9), (9, 10)], 3, lambda s: calls.append(("rewind", s)),
+                   lambda s: calls.append(("step", s)), lambda: calls.append(("reset",)), log, d)
+    assert calls == [("rewind", 0), ("step", 0), ("step", 1), ("step", 2), ("rewind", 4), ("step", 4), ("step", 5),
+                     ("step", 6), ("rewind", 9), ("step", 9), ("reset",)]
+    heads = [line for line in log if line.startswith("profile_stage")]
+    assert heads[0] == f"profile_stage0: steps 0..2, trace {tmp_path / 'run_profile_stage0_rank0.json'} (CPU: " \
+                       f"top-level operators, not GPU kernels)"
+    assert [h.split(":")[0] for h in heads] == ["profile_stage0", "profile_stage2", "profile_stage3"]
+    assert "steps 9..9" in heads[2] and (tmp_path / "run_profile_stage3_rank0.json").is_file()

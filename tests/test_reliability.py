@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+import run_log
 import train_gpt as tg
-from data.shards import write_shard
+from data.shards import shard_files, write_shard
 from test_train_gpt import _make_shard, _smoke_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def data(tmp_path_factory):
 def _run_hp(data, *flags):
     """The hyperparameters main() trains with for _smoke_argv(data, ...) plus flags (after fit_to_data)."""
     hp = tg.hyperparameters_from(tg.parse_args(_smoke_argv(data, data, "x", *flags)))
-    return tg.fit_to_data(hp, tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+    return tg.fit_to_data(hp, shard_files(hp.train_files), shard_files(hp.val_files))
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def test_taken_run_id_is_refused_and_its_log_kept(data, tmp_path, capsys):
         f"--run-id other is taken: {tmp_path / 'ckpt' / 'other'} exists")
     # The log itself is created, never truncated (a log made after the check, by another process).
     with pytest.raises(FileExistsError):
-        tg.Logger(logs / "old.txt", True)
+        run_log.Logger(logs / "old.txt", True)
     assert (logs / "old.txt").read_text() == "step:1/10 train_time:1ms\n"
 
 
@@ -199,6 +200,7 @@ BAD_SETTINGS = [
     (["--bos-id", "60000"], "--bos-id: 60000 is not a token id (0 .. 50256)"),
     (["--no-vocab-from-data", "--bos-id", "600"], "--bos-id: 600 is not a token id (0 .. 511)"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--adam-every", "0"], "--adam-every: must be >= 1, got 0"),
     (["--run-id", "../elsewhere"], "--run-id '../elsewhere': use letters, digits"),
     (["--sample", "ckpt", "--max-new-tokens", "-3"], "--max-new-tokens: must be >= 1, got -3"),
     (["--sample", "ckpt", "--top-k", "-1"], "--top-k: must be >= 0, got -1"),

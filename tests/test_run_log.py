@@ -1,6 +1,6 @@
 """Tests of run_log.py: the code a log copies (every imported repository module but tests and benchmarks, the
-modules beside train_gpt.py included) and the header. A smoke run's log: test_train_gpt.py; a log never
-overwritten: test_reliability.py."""
+modules beside train_gpt.py included), the header and the footer. A smoke run's log: test_train_gpt.py; a log
+never overwritten and the run id's checks: test_reliability.py."""
 import os
 import sys
 from pathlib import Path
@@ -38,3 +38,15 @@ def test_header_names_versions_corpus_and_hyperparameters(tmp_path):
     keys = [line.split(": ", 1)[0] for line in lines[:9]]
     assert keys == ["git_sha", "python", "torch", "triton", "cuda", "gpu", "world_size", "corpus", "hyperparameters"]
     assert lines[5] == "gpu: cpu x 1" or torch.cuda.is_available()
+
+
+def test_footer_tokens_per_second_and_stage_means():
+    lines = []
+    run_log.log_summary(lines.append, tg.Dist(world=2), tokens=4000, train_ms=2000.0,
+                        stage_ms={1: [30.0, 50.0], 0: [10.0]}, matmul_weights=10**8)
+    assert lines[0] == "tokens_per_s_per_gpu: 1000"  # 4000 tokens over 2 s on 2 ranks
+    assert lines[1] == "mfu: n/a (no peak FLOP/s figure for this device)"  # a CPU Dist
+    assert lines[-1] == "stage_step_avg: stage0:10.00ms stage1:40.00ms"
+    lines.clear()
+    run_log.log_summary(lines.append, tg.Dist(), tokens=0, train_ms=0.0, stage_ms={}, matmul_weights=1)
+    assert lines[0] == "tokens_per_s_per_gpu: 0", "a resumed run with no step left"

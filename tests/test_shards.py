@@ -1,4 +1,5 @@
-"""Tests for data/shards.py: round trip, every corrupt-file case, write validation and atomicity, globbing.
+"""Tests for data/shards.py: round trip, every corrupt-file case, write validation and atomicity, globbing, the
+ids check against a vocabulary.
 
 Shards are byte-exact data, so every comparison is exact (np.array_equal); no tolerances apply.
 """
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from data import shards
-from data.shards import (HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, ShardError, load_shard, read_header,
-                         shard_files, write_shard)
+from data.shards import (HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, ShardError, check_token_ids, load_shard,
+                         read_header, shard_files, write_shard)
 
 
 def _raw_shard(path, header_ints, payload=b""):
@@ -186,3 +187,15 @@ def test_shard_files_missing_names_pattern_and_download_command(tmp_path, monkey
     with pytest.raises(FileNotFoundError, match=re.escape(pattern)) as info:
         shard_files(pattern)
     assert "cached_fineweb10B" not in str(info.value)
+
+
+def test_check_token_ids_returns_the_largest_id(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    write_shard(a, [5, 511, 7])
+    write_shard(b, [3, 4])
+    assert check_token_ids([a, b], 512) == 511
+    assert check_token_ids([b], None) == 4
+    with pytest.raises(ShardError, match=r"a\.bin: token id 511 at position 1 .*vocab_size 511"):
+        check_token_ids([b, a], 511)
+    with pytest.raises(ShardError, match=r"token id 511 at position 1 is outside GPT-2's; were these shards"):
+        check_token_ids([a], 100, "GPT-2's")

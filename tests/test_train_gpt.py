@@ -22,7 +22,7 @@ from tolerances import assert_close_report, assert_matches_torch
 
 import run_log
 import train_gpt as tg
-from data.shards import write_shard
+from data.shards import shard_files, write_shard
 from flags import field_comments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,8 +275,8 @@ def test_resume_gpu(gpu_runs):
 def test_trainer_reset_restores_initial_state(smoke_data, device):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    files = tg.shard_files(hp.train_files)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, tg.shard_files(hp.val_files))
+    files = shard_files(hp.train_files)
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, shard_files(hp.val_files))
     tr.train_step(0, want_loss=False)
     tr.opt.untie()
     assert not torch.equal(tr.params["attn_bank"], tr.initial["attn_bank"])
@@ -303,8 +303,8 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2)
     assert not tg.slow_adam_step(hp, tg.stage_bounds(hp)[-1][0]), "the last stage must start on a fast step"
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     updates = []
     real_adam = tr.opt._adam
     monkeypatch.setattr(tr.opt, "_adam", lambda items, lr_mul: (
@@ -331,15 +331,17 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     world size 1's micro-gradients and losses (tests/test_world_sizes.py)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     mbs = tr.loader.next()
     assert len(mbs) == tg.SLOTS
-    tr.loader.load_state({"shard": 0, "bos": 0, "epoch": 0, "step": 0})
+    tr.loader.rewind(0)
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
     losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, train=True, mtp=tr.mtp[0]) for mb in mbs]
+    with pytest.raises(AssertionError, match=r"forward\(train=True\) needs the step's multi-token weights"):
+        tg.forward(hp, tr.params, tr.fns, mbs[0], windows, {}, train=True)
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
@@ -437,7 +439,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     # momentum kernel may flip one ulp (2^-8) where the gradients differ slightly: bound lr * 2^-6.
     lr = hp.muon_lr * 2 * hp.mlp_proj_lr_mul  # the largest effective Muon lr (tall shape x2, W_proj x2)
     for k in ("attn_bank", "mlp_bank"):
-        assert tg.is_muon(k)
+        assert tg.PARAMS[k].optim == "muon"
         assert_close_report(p2[k], p1[k], atol=lr * 2 ** -6, name=f"param {k} after step")
         assert not torch.equal(p1[k], _perturbed_params(hp, seed=3, device=device)[k]), f"{k} did not move"
 
@@ -555,8 +557,10 @@ def test_slow_adam_schedule():
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
             "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
-    assert {n for n in tg.PARAMS if tg.is_slow(n)} == adam
-    assert {n for n in tg.PARAMS if tg.is_muon(n)} == {"attn_bank", "mlp_bank"}
+    smoke = tg.smoke_hyperparameters()
+    groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), tg.Dist()).groups
+    assert {n for n, g in groups.items() if g.slow} == adam
+    assert {n for n, g in groups.items() if g.muon} == {"attn_bank", "mlp_bank"}
 
 
 def _feed(opt, params, grads, names):
@@ -581,9 +585,9 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     pb = _perturbed_params(hp, seed=3, device=device)
     g0 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
     g1 = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device) for k, v in pa.items()}
-    slow = [k for k in pa if tg.is_slow(k)]
-    assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
+    slow = [k for k, g in a.groups.items() if g.slow]
+    assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     start = {k: v.detach().clone() for k, v in pa.items()}
     _feed(a, pa, g0, pa)
     a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
@@ -682,7 +686,7 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     trainers = []
     for on in (False, True):
         tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), tg.Dist(device=torch.device(device)),
-                        tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+                        shard_files(hp.train_files), shard_files(hp.val_files))
         assert tr.fns.embed_accs == (on and device == "cuda")
         assert tr.fns.embed_path.startswith("added into" if on and device == "cuda" else "dense gradient")
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
@@ -920,14 +924,14 @@ def test_loader_document_boundaries_follow_its_documents(smoke_data):
     """The training loader's cu_seqlens are doc_cu_seqlens of its ids: every slot starts with a BOS, and no document
     is longer than max_doc_len (the bound the FlashAttention grid uses)."""
     hp = tg.smoke_hyperparameters()
-    files = tg.shard_files(smoke_data / "smoke_train_*.bin")
+    files = shard_files(smoke_data / "smoke_train_*.bin")
     ld = tg.TrainLoader(hp, files, tg.Dist(), lambda s: 256)
     for step in range(hp.total_steps):  # both document cuts of the smoke stages (96, then 192 tokens)
         for mb in ld.next():
             assert int(mb.ids[0]) == hp.bos_id
             assert torch.equal(mb.cu_seqlens, tg.doc_cu_seqlens(mb.ids, hp.bos_id))
             assert int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max()) <= mb.max_len
-            assert mb.max_len == tg.max_doc_len_at(hp, step)
+            assert mb.max_len == tg.stage_at(hp, step)[1].max_doc_len
     ld.close()
 
 
@@ -994,7 +998,7 @@ def test_flash_attend_backward_is_deterministic_when_asked():
 
 def test_loader_rank_split_matches_single_rank(smoke_data):
     hp = tg.smoke_hyperparameters()
-    files = tg.shard_files(smoke_data / "smoke_train_*.bin")
+    files = shard_files(smoke_data / "smoke_train_*.bin")
     T = 256
     out = {}
     for world in (1, 2):
@@ -1015,7 +1019,7 @@ def test_loader_rank_split_matches_single_rank(smoke_data):
             assert int(mb.ids[0]) == hp.bos_id, "every micro-batch starts at a document"
             assert torch.equal(mb.ids[1:].long(), mb.targets[:-1])
             starts = torch.nonzero(mb.ids == hp.bos_id)[:, 0].tolist() + [T]
-            assert max(b - a for a, b in zip(starts, starts[1:])) <= tg.max_doc_len_at(hp, step) == mb.max_len
+            assert max(b - a for a, b in zip(starts, starts[1:])) <= tg.stage_at(hp, step)[1].max_doc_len == mb.max_len
     # consecutive steps continue the stream (no repeated batch)
     assert not torch.equal(out[(1, 0)][0][0].ids, out[(1, 0)][1][0].ids)
 
@@ -1030,7 +1034,7 @@ def test_schedule_matches_the_public_record():
     bounds = tg.stage_bounds(hp)
     assert [(a, b) for a, b, _ in bounds] == [(0, 483), (483, 967), (967, 1450), (1450, 1490)]
     assert [tg.micro_tokens_at(hp, s) for s in (0, 483, 967, 1489)] == [16384, 32768, 49152, 49152]
-    assert [tg.max_doc_len_at(hp, s) for s in (0, 482, 483, 1489)] == [896, 896, 2048, 2048]
+    assert [tg.stage_at(hp, s)[1].max_doc_len for s in (0, 482, 483, 1489)] == [896, 896, 2048, 2048]
     assert tg.lr_factor(hp, 580) == 1.52 and tg.lr_factor(hp, 581) < 1.52  # the cooldown starts at 580
     assert tg.lr_factor(hp, 0) == 1.0 and tg.lr_factor(hp, 500) == 1.52
     assert tg.lr_factor(hp, 1015) == pytest.approx(1.73 * (1 - 435 / 870) + 0.15 * 435 / 870)
@@ -1111,15 +1115,6 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, scri
     assert err.count("\n") == 1 and err.startswith(f"train_gpt.py: error: {message}"), err
 
 
-def test_check_token_ids_returns_the_largest_id(tmp_path):
-    a = _write_ids(tmp_path / "a.bin", [5, 511, 7])
-    b = _write_ids(tmp_path / "b.bin", [3, 4])
-    assert tg.check_token_ids([a, b], 512) == 511
-    assert tg.check_token_ids([b], None) == 4
-    with pytest.raises(tg.ShardError, match=r"a\.bin: token id 511 at position 1 .*vocab_size 511"):
-        tg.check_token_ids([b, a], 511)
-
-
 @pytest.mark.parametrize("top, vocab", [(511, 512), (512, 640), (50256, 50304)])
 def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     f = _write_ids(tmp_path / "s.bin", [top, 1, 2, top, 3])
@@ -1165,7 +1160,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     them (the 512-token smoke model used to fail in F.embedding), starting near ln(50304)."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
     train, val = _gpt2_shards(tmp_path)
-    files, val_files = tg.shard_files(train), tg.shard_files(val)
+    files, val_files = shard_files(train), shard_files(val)
     hp = tg.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
     assert (hp.vocab_size, hp.bos_id) == (50304, 50256)
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, val_files)
@@ -1335,8 +1330,8 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), tg.shard_files(hp.train_files),
-                    tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
     for s in range(hp.total_steps):
         w = tg.mtp_weights_at(hp, s)
         assert tr.mtp[s].tolist() == pytest.approx(list(w) + [0.0] * (3 - len(w)), abs=1e-7), s

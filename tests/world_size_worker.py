@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_gpt as tg  # noqa: E402  (after the path)
+from data.shards import shard_files  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast",
                "barrier")
@@ -43,7 +44,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter_tensor", "all_gather_
 def main(out, train, val, overrides):
     d = tg.setup_distributed()
     hp = tg.smoke_hyperparameters(train_files=train, val_files=val, **overrides)
-    tr = tg.Trainer(hp, d, tg.shard_files(hp.train_files), tg.shard_files(hp.val_files))
+    tr = tg.Trainer(hp, d, shard_files(hp.train_files), shard_files(hp.val_files))
     opt = tr.opt
     events, grads, reduced, contents = [], [], [], []
     at = {"step": None, "micro": 0, "recording": True}

@@ -1,14 +1,19 @@
 #!/bin/bash
 # #32 check: --deterministic, 20 steps of the default model at commit BEFORE (from .git) and of the working tree,
 # checkpoint at step 20 each; compares the step lines and every tensor of the checkpoints bitwise.
-# usage: det_compare.sh BEFORE_SHA LIMIT_S, from the repository root with .anchor/ set up (shared/anchor/README.md:
-# the corpus script and GPT-2's tokenizer files)
+# usage: [OUT=DIR] [CORPUS_SCRIPT=PATH] bash det_compare.sh BEFORE_SHA LIMIT_S, from the repository root (git clone).
+# Needs the offline code corpus in /tmp/code (fineweb_train_*.bin, fineweb_val_000000.bin). Where it is missing,
+# CORPUS_SCRIPT names the team's corpus script (kept outside this repository), run as `python3 CORPUS_SCRIPT
+# /tmp/code` (it tokenizes with GPT-2's tokenizer: TIKTOKEN_CACHE_DIR where offline). Logs go to OUT/det
+# (default: ./det_out/det); the runs write /tmp/before, /tmp/dck, /tmp/dll and /tmp/cc_det.
 set -u
 BEFORE=$1; LIM=$2
-A=$(pwd)/.anchor; mkdir -p $OUT/det
+export OUT=${OUT:-$(pwd)/det_out}; mkdir -p "$OUT/det"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache
-[ -f /tmp/code/fineweb_val_000000.bin ] || python3 $A/bench/make_code_corpus.py /tmp/code > $OUT/det/corpus.log 2>&1 || exit 1
+if [ ! -f /tmp/code/fineweb_val_000000.bin ]; then
+  [ -n "${CORPUS_SCRIPT:-}" ] || { echo "det_compare.sh: no corpus in /tmp/code and no CORPUS_SCRIPT" >&2; exit 1; }
+  python3 "$CORPUS_SCRIPT" /tmp/code > "$OUT/det/corpus.log" 2>&1 || exit 1
+fi
 rm -rf /tmp/before /tmp/dck /tmp/dll; mkdir -p /tmp/before
 git archive $BEFORE | tar -x -C /tmp/before || exit 1
 T0=$SECONDS

@@ -1,0 +1,31 @@
+"""Tests of kernels/hardware.py: the GPU ceilings lookup (the benchmarks' roofline and the trainer's MFU line),
+git_sha (the environment wins; outside a git checkout "unknown") and the CPU runs' malloc setting."""
+import subprocess
+
+from kernels import hardware
+
+
+def test_ceilings_for_matches_a_substring_of_the_gpu_name():
+    assert hardware.ceilings_for("NVIDIA H200") == hardware.CEILINGS["H200"]
+    assert hardware.ceilings_for("NVIDIA H100 80GB HBM3") == hardware.CEILINGS["H100"]
+    assert hardware.ceilings_for("NVIDIA A100-SXM4-80GB") is None
+    assert hardware.ceilings_for("", fallback=(1.0, 2.0)) == (1.0, 2.0)
+    for bandwidth, flops in hardware.CEILINGS.values():  # bytes/s and FLOP/s: measured, below the datasheets
+        assert 1e12 < bandwidth < 1e13 and 1e14 < flops < 1e15
+
+
+def test_git_sha(monkeypatch, tmp_path):
+    monkeypatch.setenv("GIT_SHA", "abc123")
+    assert hardware.git_sha() == "abc123"
+    monkeypatch.delenv("GIT_SHA")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=hardware.REPO, capture_output=True, text=True)
+    if head.returncode == 0:  # a clone (CI copies the tree with its .git)
+        assert hardware.git_sha() == head.stdout.strip()
+    monkeypatch.setattr(hardware, "REPO", tmp_path)  # a copy of the tree without .git
+    assert hardware.git_sha() == "unknown"
+
+
+def test_keep_freed_memory_is_safe_to_call_twice():
+    """mallopt where glibc is the allocator, nothing elsewhere: never an error, whatever the platform."""
+    assert hardware.keep_freed_memory() is None
+    assert hardware.keep_freed_memory() is None
