@@ -74,10 +74,10 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * ``_ce_bwd_kernel``: the dense part of the backward: recomputes z and s from the logits and
     p = exp(z - m_t) / S_t and writes g_t W_t p (A/C) s (1 - s) to every column, as if none were a target.
     Reads the logits once and writes the gradient once.
-  * ``_ce_bwd_targets_kernel`` (launched right after): one program per row rewrites the row's at most K target
-    columns with the full expression, the weights of all the terms that land on a column subtracted (K reads
-    and writes per row). Comparing every column with the K targets in the dense pass took 2K of its ~18
-    instructions per element.
+  * ``_ce_bwd_targets_kernel`` (launched right after): each lane of a program of TARGETS_BLOCK_R rows rewrites
+    its row's at most K target columns with the full expression, the weights of all the terms that land on a
+    column subtracted (K reads and writes per row). Comparing every column with the K targets in the dense pass
+    took 2K of its ~18 instructions per element.
   * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): dx / scale is rounded
     to e5m2 (``_to_e5m2``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
@@ -170,6 +170,10 @@ E5M2_2D_TUNING_CANDIDATES = [
     dict(BLOCK_N=64, BLOCK_V=64, num_warps=8, PACKED=False),
     dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=False),
 ]
+
+# The target pass (_ce_bwd_targets_kernel): rows per program, one per lane of 4 warps (K scattered 1- or 2-byte
+# stores per row; a few microseconds at the speedrun's N, not measured).
+TARGETS_BLOCK_R = 128
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -422,27 +426,30 @@ def _ce_bwd_targets_kernel(
     # with TRANSPOSED: g8t's e5m2 bits (V, N) as uint8, written too
     dx_t_ptr,
     N, V, A, c1, c0, A_over_C,
-    K: tl.constexpr, E5M2: tl.constexpr, TRANSPOSED: tl.constexpr, HW_FP8: tl.constexpr,
+    K: tl.constexpr, BLOCK_R: tl.constexpr, E5M2: tl.constexpr, TRANSPOSED: tl.constexpr, HW_FP8: tl.constexpr,
 ):
-    """The target columns of one row (program) after the dense pass: dx at each present, in-range target t_k,
-    with all the weights that land on that column (``_bwd_target``), into dlogits (or g8, and with TRANSPOSED g8t).
-    Two terms with the same target write the same value twice. Runs after _ce_bwd_kernel or the 2-D kernel (the
-    same stream), so these writes come last."""
-    row = tl.program_id(0).to(tl.int64)
+    """The target columns of BLOCK_R rows (one per lane) after the dense pass: dx at each present, in-range target
+    t_k, with all the weights that land on that column (``_bwd_target``), into dlogits (or g8, and with TRANSPOSED
+    g8t). Two terms with the same target write the same value twice. Rows past N (the last block) compute row
+    N - 1's values and store nothing. Runs after _ce_bwd_kernel or the 2-D kernel (the same stream), so these
+    writes come last."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = rows < N
+    r = tl.minimum(rows, N - 1)
     m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K)
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, A_over_C, K)
     for k in tl.static_range(K):
-        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
-        ok = present & ~bad
-        x = tl.load(x_ptr + row * stride_xn + tgt, mask=ok, other=0.0)
+        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, r, N, V, k)
+        ok = live & present & ~bad
+        x = tl.load(x_ptr + r * stride_xn + tgt, mask=ok, other=0.0)
         dx = _bwd_target(x, tgt, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
         if E5M2:
             bits = _to_e5m2(dx, HW_FP8)
-            tl.store(dx_ptr + row * V + tgt, bits, mask=ok)
+            tl.store(dx_ptr + r * V + tgt, bits, mask=ok)
             if TRANSPOSED:
-                tl.store(dx_t_ptr + tgt * N + row, bits, mask=ok)
+                tl.store(dx_t_ptr + tgt * N + r, bits, mask=ok)
         else:
-            tl.store(dx_ptr + row * V + tgt, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+            tl.store(dx_ptr + r * V + tgt, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -673,10 +680,11 @@ def _hw_fp8():
 
 
 def _launch_targets(args, out_t, consts, K, e5m2, transposed):
-    """_ce_bwd_targets_kernel after the dense pass: one program per row (K loads each)."""
+    """_ce_bwd_targets_kernel after the dense pass: TARGETS_BLOCK_R rows per program, K gathers and stores per row."""
     N = args[2].shape[0]
-    _ce_bwd_targets_kernel[(N,)](*args, out_t, *consts, K=K, E5M2=e5m2, TRANSPOSED=transposed, HW_FP8=_hw_fp8(),
-                                 num_warps=1)
+    _ce_bwd_targets_kernel[(triton.cdiv(N, TARGETS_BLOCK_R),)](
+        *args, out_t, *consts, K=K, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, TRANSPOSED=transposed, HW_FP8=_hw_fp8(),
+        num_warps=4)
 
 
 def _packs_words(cfg, N, out_t):

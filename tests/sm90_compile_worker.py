@@ -13,9 +13,23 @@ Why: the CPU tests run the kernels in Triton's interpreter, which accepts progra
 (and the reverse); this catches the GPU compiler's errors in CI. Argument types are mapped as Triton's launcher
 maps them (tensors: typed pointers; ints: i32, or i64 beyond int32; floats: fp32; bools: i1), without its
 specialisations (16-byte divisibility, integers equal to 1), which change the code, not whether it compiles.
+
+``--sass``: compile with the 16-byte divisibility the GPU launcher specialises on (tensors whose address, and
+integers whose value, is a multiple of 16: the vector loads and stores of the real launch; integers equal to 1
+are not specialised) and add to each row "sass": the instruction counts of the cubin disassembled by the nvdisasm
+in Triton's wheel, {"instructions", "mufu", "loop_instructions", "loop_mufu"}, the loop being the longest span
+that a branch jumps back over (a row kernel's tile loop; 0 without one). For the GPU machines' figures run it
+with their Triton (3.6; e.g. ``pip install --target DIR triton==3.6.0`` and DIR first on PYTHONPATH). Static
+counts, not times: on Hopper a scheduler issues one instruction per cycle and its special-function unit (MUFU)
+takes 8 cycles per warp instruction, so they bound a loop's cycles from below (records/README.md, "Measurements
+behind the code").
 """
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
 
 import torch
@@ -43,15 +57,21 @@ def _type_of(value):
     raise TypeError(f"no Triton type for a {type(value).__name__} argument")
 
 
+def _divisible_by_16(value):
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value != 0 and value % 16 == 0
+
+
 def record_launches():
     """Replace JITFunction.run by a recorder; returns the list it fills with (kernel, signature, constexprs,
-    options) for each launch."""
+    options, attrs) for each launch (attrs: the 16-byte divisibility of the arguments, for --sass)."""
     launches = []
 
     def run(self, *args, grid, warmup, **kwargs):
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTIONS}
         bound = dict(zip(self.arg_names, args)) | kwargs
-        signature, constexprs = {}, {}
+        signature, constexprs, attrs = {}, {}, {}
         for i, name in enumerate(self.arg_names):
             value = bound[name]
             if i in self.constexprs or value is None:
@@ -59,7 +79,9 @@ def record_launches():
                 constexprs[name] = value
             else:
                 signature[name] = _type_of(value)
-        launches.append((self, signature, constexprs, options))
+                if _divisible_by_16(value):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        launches.append((self, signature, constexprs, options, attrs))
 
     JITFunction.run = run
     return launches
@@ -141,7 +163,35 @@ def call_family(family):
         raise SystemExit(f"unknown family {family!r}")
 
 
-def main(family):
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+def sass_counts(cubin):
+    """{"instructions", "mufu", "loop_instructions", "loop_mufu"} of a cubin (nvdisasm from Triton's wheel)."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout.splitlines()
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.L_x_\d+:", line.strip())}
+    loop = (0, -1)
+    for i, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > loop[1] - loop[0]:
+            loop = (labels[m.group(1)], i)
+
+    def count(span):
+        ops = [m.group(1) for m in map(_OPCODE.search, span) if m]
+        return len(ops), sum(op.startswith("MUFU") for op in ops)
+
+    (n, mufu), (ln, lmufu) = count(lines), count(lines[loop[0]:loop[1] + 1])
+    if ln <= 1:                      # no loop: only the branch-to-itself after EXIT
+        ln, lmufu = 0, 0
+    return dict(instructions=n, mufu=mufu, loop_instructions=ln, loop_mufu=lmufu)
+
+
+def main(family, sass=False):
     launches = record_launches()
     waive_device_checks()
     call_family(family)
@@ -149,7 +199,7 @@ def main(family):
     defined = sorted(n for n, v in vars(module).items() if isinstance(v, JITFunction) and n.endswith("_kernel"))
     print(json.dumps(dict(defined=defined)), flush=True)
     seen = set()
-    for fn, signature, constexprs, options in launches:
+    for fn, signature, constexprs, options, attrs in launches:
         key = (fn.__name__, json.dumps(signature), repr(sorted(constexprs.items())), repr(sorted(options.items())))
         if key in seen:
             continue
@@ -157,11 +207,14 @@ def main(family):
         row = dict(kernel=fn.__name__, signature=signature, constexprs={k: repr(v) for k, v in constexprs.items()},
                    options=options, ok=True, error="")
         try:
-            triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
+            src = ASTSource(fn, signature, constexprs, attrs if sass else None)
+            compiled = triton.compile(src, target=TARGET, options=options)
+            if sass:
+                row["sass"] = sass_counts(compiled.asm["cubin"])
         except Exception:  # noqa: BLE001 - reported, the test fails on it
             row.update(ok=False, error="".join(traceback.format_exc().splitlines(True)[-12:]))
         print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sass="--sass" in sys.argv[2:])

@@ -38,3 +38,28 @@ def test_kernels_compile_for_sm90(family):
     assert not failed, "\n\n".join(failed)
     missing = set(first["defined"]) - {r["kernel"] for r in rows}
     assert not missing, f"kernels of kernels/{family}.py that no launch reached: {sorted(missing)}"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the suite compiles and runs every kernel for real")
+def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
+    """The cross-entropy kernels' design (kernels/cross_entropy.py): three special-function operations per logit,
+    2^t and the reciprocal square root of the sigmoid and the exp of the softmax, checked in the sm_90a code of the
+    launches train_gpt.py makes (``--sass``: 16-byte specialised, as on the GPU): a tile loop of the row kernels
+    holds 3 MUFU instructions per element of a thread's tile (BLOCK_V / (32 * num_warps) elements), plus at most
+    one per tile in the forward (the rescale of the running sums). A correctly rounded division (tl.div_rn) or
+    tl.sigmoid's would add a MUFU.RCP per element."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), "cross_entropy", "--sass"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")][1:]
+    assert all(r["ok"] for r in rows), [r["error"] for r in rows if not r["ok"]]
+    row_kernels = [r for r in rows if r["kernel"] in ("_ce_fwd_kernel", "_ce_bwd_kernel")]
+    assert {r["kernel"] for r in row_kernels} == {"_ce_fwd_kernel", "_ce_bwd_kernel"}
+    for r in row_kernels:
+        per_thread = int(r["constexprs"]["BLOCK_V"]) // (32 * r["options"]["num_warps"])
+        extra = 1 if r["kernel"] == "_ce_fwd_kernel" else 0
+        s = r["sass"]
+        assert 3 * per_thread <= s["loop_mufu"] <= 3 * per_thread + extra, (r["kernel"], r["constexprs"], s)
+        assert s["loop_instructions"] > s["loop_mufu"], s
