@@ -8,7 +8,7 @@ negative, so the last element sits at ``sum((size - 1) * stride)``), so two inte
 element are still reported as overlapping.
 
 ``check_kernel_device(name, device)``: Triton kernels run on a CUDA device, or on the CPU only inside Triton's
-interpreter (``TRITON_INTERPRET=1``, which tests/conftest.py sets on machines without a GPU).
+interpreter (``interpreting()``: ``TRITON_INTERPRET=1``, which tests/conftest.py sets on machines without a GPU).
 """
 import os
 
@@ -30,8 +30,13 @@ def overlaps(a, b):
     return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
 
 
+def interpreting():
+    """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``) rather than compiled for a GPU."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def check_kernel_device(name, device):
     """Raise a ValueError naming ``name`` unless ``device`` can run Triton kernels (CUDA, or CPU + interpreter)."""
-    if device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+    if device.type == "cuda" or (device.type == "cpu" and interpreting()):
         return
     raise ValueError(f"{name}: tensors must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), got {device}")

@@ -119,14 +119,13 @@ reference at real vocabulary sizes: there the trainer calls :func:`softcapped_cr
 differentiable by autograd.
 """
 import math
-import os
 from typing import Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_kernel_device, overlaps
+from kernels._checks import check_kernel_device, interpreting, overlaps
 from kernels.transpose import transpose_copy
 
 # Most weights (terms per row) supported: the backward holds each term's target and weight in registers.
@@ -381,6 +380,16 @@ def _to_e5m2(v, HW_FP8: tl.constexpr):
 
 
 @triton.jit
+def _ce_bwd_tile(x_row, dx_row, start, cols, V, m, dense, A, c1, c0, MASKED: tl.constexpr, E5M2: tl.constexpr,
+                 HW_FP8: tl.constexpr):
+    """One tile of one row: the dense dx (``_bwd_dense``) in dx_row's dtype, or with E5M2 its e5m2 bits."""
+    c = start + cols
+    msk = c < V if MASKED else None
+    dx = _bwd_dense(tl.load(x_row + c, mask=msk, other=0.0 if MASKED else None), m, dense, A, c1, c0)
+    tl.store(dx_row + c, _to_e5m2(dx, HW_FP8) if E5M2 else dx.to(dx_row.dtype.element_ty), mask=msk)
+
+
+@triton.jit
 def _ce_bwd_kernel(
     # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
     g_ptr, stride_g,
@@ -404,19 +413,9 @@ def _ce_bwd_kernel(
     cols = tl.arange(0, BLOCK_V)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
-        dx = _bwd_dense(tl.load(x_row + off + cols), m, dense, A, c1, c0)
-        if E5M2:
-            tl.store(dx_row + off + cols, _to_e5m2(dx, HW_FP8))
-        else:
-            tl.store(dx_row + off + cols, dx.to(dx_ptr.dtype.element_ty))
+        _ce_bwd_tile(x_row, dx_row, off, cols, V, m, dense, A, c1, c0, False, E5M2, HW_FP8)
     if v_full < V:                                         # masked tail
-        c = v_full + cols
-        msk = c < V
-        dx = _bwd_dense(tl.load(x_row + c, mask=msk, other=0.0), m, dense, A, c1, c0)
-        if E5M2:
-            tl.store(dx_row + c, _to_e5m2(dx, HW_FP8), mask=msk)
-        else:
-            tl.store(dx_row + c, dx.to(dx_ptr.dtype.element_ty), mask=msk)
+        _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, dense, A, c1, c0, True, E5M2, HW_FP8)
 
 
 @triton.jit
@@ -657,12 +656,8 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
             raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
     if N == 0:
         return out
-    cfg = _config(logits, config)
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out)
-    consts = (N, V, *_softcap_consts(A, B, C), float(A) / C)
-    _ce_bwd_kernel[(N,)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=False, HW_FP8=False,
-                         num_warps=cfg["num_warps"])
-    _launch_targets(args, out, consts, K, e5m2=False, transposed=False)
+    _launch_bwd(args, (N, V, *_softcap_consts(A, B, C), float(A) / C), K, _config(logits, config), e5m2=False)
     return out
 
 
@@ -676,13 +671,21 @@ def _softcap_consts(A, B, C):
 def _hw_fp8():
     """Whether the e5m2 rounding is the GPU's conversion (outside Triton's interpreter) or the interpreter-safe
     integer one (:func:`_to_e5m2`): the same bits."""
-    return os.environ.get("TRITON_INTERPRET") != "1"
+    return not interpreting()
+
+
+def _launch_bwd(args, consts, K, cfg, e5m2):
+    """The row kernel's dense pass, then the target pass: dlogits in the output's dtype, or (e5m2) g8's bits into a
+    uint8 view. ``args``: the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C)."""
+    _ce_bwd_kernel[(consts[0],)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(),
+                                 num_warps=cfg["num_warps"])
+    _launch_targets(args, args[-1], consts, K, e5m2=e5m2, transposed=False)
 
 
 def _launch_targets(args, out_t, consts, K, e5m2, transposed):
-    """_ce_bwd_targets_kernel after the dense pass: TARGETS_BLOCK_R rows per program, K gathers and stores per row."""
-    N = args[2].shape[0]
-    _ce_bwd_targets_kernel[(triton.cdiv(N, TARGETS_BLOCK_R),)](
+    """_ce_bwd_targets_kernel after the dense pass: TARGETS_BLOCK_R rows per program, K gathers and stores per row;
+    with ``transposed`` also into out_t (g8t's bits)."""
+    _ce_bwd_targets_kernel[(triton.cdiv(consts[0], TARGETS_BLOCK_R),)](
         *args, out_t, *consts, K=K, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, TRANSPOSED=transposed, HW_FP8=_hw_fp8(),
         num_warps=4)
 
@@ -748,10 +751,7 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
             K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
         _launch_targets(args, out_t.view(torch.uint8), consts, K, e5m2=True, transposed=True)
         return out, out_t
-    cfg = _config(logits, config)
-    _ce_bwd_kernel[(N,)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=True, HW_FP8=_hw_fp8(),
-                         num_warps=cfg["num_warps"])
-    _launch_targets(args, out_t.view(torch.uint8), consts, K, e5m2=True, transposed=False)
+    _launch_bwd(args, consts, K, _config(logits, config), e5m2=True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 

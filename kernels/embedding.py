@@ -75,13 +75,14 @@ backward after its backward (on the CPU the trainer uses torch's own embedding).
 weight no gradient. train_gpt.py passes the optimizer's accumulators with --embed-grad-to-acc, off by default:
 opt-in until it is measured on a GPU (the interpreter tests show the bits, not the time).
 """
-import os
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from kernels._checks import interpreting
 
 
 # Positions per piece of a long segment: part of the summation order (changing it changes the bits), not a
@@ -407,7 +408,7 @@ def _embedding_bwd_combine_kernel(
 # ---------------------------------------------------------------------------------------------------------
 def _check_config(config):
     if config is None:
-        config = INTERPRETER_CONFIG if os.environ.get("TRITON_INTERPRET") == "1" else DEFAULT_CONFIG
+        config = INTERPRETER_CONFIG if interpreting() else DEFAULT_CONFIG
     cfg = dict(config)
     if set(cfg) != set(DEFAULT_CONFIG):
         raise ValueError(f"config must have exactly the keys {sorted(DEFAULT_CONFIG)}, got {sorted(cfg)}")
