@@ -151,7 +151,6 @@ def load_shard(path, mmap=False):
     return tokens
 
 
-
 def check_token_ids(files, vocab_size, vocabulary=None):
     """The largest token id in the shards ``files``; a ShardError naming the file and the first position of an id
     >= vocab_size (None: no limit), which would otherwise fail inside the embedding (an IndexError on the CPU, a
@@ -169,6 +168,7 @@ def check_token_ids(files, vocab_size, vocabulary=None):
                              f"shards made with another tokenizer?")
         top = max(top, m)
     return top
+
 
 def shard_files(pattern):
     """Sorted list of the files matching the glob ``pattern`` (``**`` allowed); raise if there are none.
