@@ -24,8 +24,9 @@ that absolute error becomes a relative error of p several times fp32's unit roun
 2^(y log2 e), and the rounding of the product costs a relative error of about |y| ulps, |y| ~ 10 for most terms
 (with the running max, |y| is small for the terms that dominate the sum and the gradient). For the same
 reason the loss is summed as w_k * (log S_t + (m_t - z_k)), two small non-negative terms, rather than as
-w_k * (lse_t - z_k). The kernels are bound by the GPU's special-function unit (MUFU: 16 results per clock per
-SM, an eighth of the FP32 rate), so each element costs three MUFU operations and little else
+w_k * (lse_t - z_k). The kernels are written to be bound by the GPU's special-function unit (MUFU: 16 results
+per clock per SM, an eighth of the FP32 rate; by static instruction counts, not yet by a time), so each element
+costs three MUFU operations and little else
 (:func:`_softcap`): s = 1 / (1 + 2^t) with t = c1 x + c0 (the constants -log2(e) / C and B c1 folded on the
 host: one FFMA, where a correctly rounded (x + B) / C took a MUFU.RCP and ~9 other instructions), 2^t and
 exp(z - m) = 2^((z - m) log2 e) by ``tl.exp2`` (one MUFU.EX2 each: ``tl.exp`` adds a multiply and a
@@ -97,8 +98,8 @@ per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
   * MUFU: three operations per element, 7.4e9 per direction: 1.77 ms, above the memory bound of every kernel
     but the bf16 backward. The other instructions fit beside them: compiled for sm_90a with the launch's
     specialisations (Triton 3.6, as on the GPU machines; K=3, BLOCK_V=2048, 4 warps), a 16-element tile of the
-    e5m2 backward is 286 instructions of which 48 MUFU, each MUFU taking 8 of a scheduler's issue cycles: the
-    unit is the bound, issue is not.
+    e5m2 backward is 286 instructions of which 48 MUFU, each MUFU taking 8 cycles of a scheduler's unit: by
+    that count the unit is the bound, issue is not (not yet timed on a GPU).
 records/README.md ("Measurements behind the code") has the kernels' measured times.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
