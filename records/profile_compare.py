@@ -103,19 +103,21 @@ def summarise(trace, skip=0):
 
 
 def table(paths, names, steps, micro, skip=0):
+    """steps: the training steps in each trace (one int for all, or one per trace)."""
     out = []
     sums = [summarise(load(p), skip) for p in paths]
-    steps -= skip
-    out.append(f"| ms per step ({steps} profiled steps; per micro-step: / {micro}) | "
+    counts = [n - skip for n in (steps if isinstance(steps, (list, tuple)) else [steps] * len(paths))]
+    said = str(counts[0]) if len(set(counts)) == 1 else " / ".join(map(str, counts))
+    out.append(f"| ms per step ({said} profiled steps; per micro-step: / {micro}) | "
                + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"))
     out.append("|---" * (len(names) + 1 + (len(names) == 2)) + "|")
     rows = list(CATEGORIES) + ["span (kernels' first start to last end)"]
     for r in rows:
-        vals = [(s[0][r] if r in s[0] else s[2]) / steps for s in sums]
+        vals = [(s[0][r] if r in s[0] else s[2]) / n for s, n in zip(sums, counts)]
         cells = [f"{v:.3f} ({v / micro:.3f})" for v in vals]
         ratio = [f"{vals[0] / vals[1]:.2f}" if vals[1] > 0 else "-"] if len(vals) == 2 else []
         out.append(f"| {r} | " + " | ".join(cells + ratio) + " |")
-    for name, s in zip(names, sums):
+    for name, s, steps in zip(names, sums, counts):
         out.append("")
         out.append(f"{name}: {s[3]} `{OPT_RANGE}` ranges; the {TOP} kernels with the most time (ms per step):")
         out.append("")
@@ -130,7 +132,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="*", help="chrome traces (or compact .json.gz) of the runs to compare")
     p.add_argument("--names", default="ours,record #74", help="column names, comma-separated")
-    p.add_argument("--steps", type=int, default=4, help="training steps in each trace")
+    p.add_argument("--steps", default="4", metavar="N[,N]",
+                   help="training steps in each trace: one count for all, or one per trace (e.g. 3,4)")
     p.add_argument("--micro", type=int, default=8, help="micro-steps per step (8 at world size 1)")
     p.add_argument("--skip-steps", type=int, default=0, metavar="K",
                    help="leave out the first K steps of each trace (ends found by the optimizer_step ranges)")
@@ -149,9 +152,17 @@ def main(argv=None):
     if not a.traces:
         p.exit(2, "profile_compare.py: name one or two traces (or --compact TRACE OUT)\n")
     names = a.names.split(",")[:len(a.traces)]
-    if not 0 <= a.skip_steps < a.steps:
+    try:
+        steps = [int(n) for n in a.steps.split(",")]
+    except ValueError:
+        steps = []
+    if len(steps) == 1:
+        steps *= len(a.traces)
+    if len(steps) != len(a.traces):
+        p.exit(2, f"profile_compare.py: --steps takes one count or one per trace ({len(a.traces)}), got {a.steps!r}\n")
+    if not all(0 <= a.skip_steps < n for n in steps):
         p.exit(2, f"profile_compare.py: --skip-steps must be in [0, --steps) ({a.skip_steps}, {a.steps})\n")
-    print(table(a.traces, names, a.steps, a.micro, a.skip_steps))
+    print(table(a.traces, names, steps, a.micro, a.skip_steps))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,24 @@ def test_table_divides_by_steps_and_micro_steps(tmp_path, capsys):
     assert out.count("the 15 kernels with the most time") == 2
 
 
+def test_steps_per_trace(tmp_path, capsys):
+    """--steps 2,4: each trace divided by its own step count (a 2-step and a 4-step profile of the same work per
+    step read the same)."""
+    a = write(tmp_path / "a.json", trace())
+    doubled = KERNELS + [(n, s + 1000, d, c) for n, s, d, c in KERNELS]   # the same kernels again: twice the steps
+    b = json.loads(json.dumps(trace(doubled)))
+    b = write(tmp_path / "b.json", b)
+    pc.main([str(a), str(b), "--steps", "2,4", "--micro", "4", "--names", "x,y"])
+    out = capsys.readouterr().out
+    assert "(2 / 4 profiled steps;" in out
+    assert "| attention bwd | 0.030 (0.007) | 0.030 (0.007) | 1.00 |" in out   # 60 us / 2 and 120 us / 4
+    assert "| cross entropy | 0.025 (0.006) | 0.025 (0.006) | 1.00 |" in out
+    for bad in ("2,4,6", "x", "2,"):
+        with pytest.raises(SystemExit) as e:
+            pc.main([str(a), str(b), "--steps", bad])
+        assert e.value.code == 2 and capsys.readouterr().err.startswith("profile_compare.py: --steps")
+
+
 def test_compact_form_gives_the_same_table(tmp_path, capsys):
     raw = write(tmp_path / "t.json", trace())
     small = tmp_path / "t.json.gz"
