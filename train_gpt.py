@@ -47,9 +47,8 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
   * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
     e4m3 x and W, fixed scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its
-    transpose for dW, or with --ce-fused-transpose one 2-D kernel writes both, the same bytes) where CUDA
-    capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:` line says
-    which ran). Evaluation always uses the bf16 head.
+    transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
+    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
@@ -220,7 +219,6 @@ class Hyperparameters:
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
     # opt-in kernels (CUDA): the same bits either way; off until timed on a GPU (benchmarks/ has their cases)
     embed_grad_to_acc: bool = False  # embedding backward adds touched rows into the optimizer's fp32 accumulators
-    ce_fused_transpose: bool = False  # FP8 head backward: one 2-D kernel writes the e5m2 gradient in both layouts
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
@@ -807,17 +805,17 @@ def head_logits(x, lm_head, softcap):
     return softcap * torch.sigmoid((logits.float() + SOFTCAP_B) / SOFTCAP_C)
 
 
-def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, fused_t=False):
+def head_loss(x, lm_head, targets, weights, softcap, ce, fp8):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
     softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with one 2-D kernel if fused_t (hp.ce_fused_transpose), else with the
-    row kernel and a transpose copy (the same bytes). With weights (1.0,): the mean next-token CE."""
+    whose backward writes the e5m2 gradient with the row kernel and a transpose copy. With weights (1.0,): the
+    mean next-token CE."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
         return fp8_head_ce(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS), softcap,
-                           SOFTCAP_B, SOFTCAP_C, fused_t)[0].mean()
+                           SOFTCAP_B, SOFTCAP_C)[0].mean()
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
 
 
@@ -1014,16 +1012,13 @@ def build_fns(hp, device, compile_model, attention="auto"):
     ok, why = fp8_head_support(device)
     fp8 = hp.fp8_head and ok
     if fp8:
-        e5m2 = "one 2-D kernel, both layouts (--ce-fused-transpose)" if hp.ce_fused_transpose else \
-            "row kernel + transpose copy"
-        head_path = f"fp8 ({why}); e5m2 gradient: {e5m2}"
+        head_path = f"fp8 ({why}); e5m2 gradient: row kernel + transpose copy"
     else:
-        head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})" + \
-            ("; --ce-fused-transpose unused (no FP8 head)" if hp.ce_fused_transpose else "")
+        head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})"
     layers = make_layers(hp, attend)
 
     def loss(x, w, t, wk):
-        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, hp.ce_fused_transpose)
+        return head_loss(x, w, t, wk, hp.softcap, ce, fp8)
 
     def val_loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, False)
@@ -1523,7 +1518,7 @@ class CheckpointError(ValueError):
 
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
-                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "ce_fused_transpose")
+                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc")
 
 
 def fsync_dir(path):

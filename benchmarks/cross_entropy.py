@@ -12,10 +12,6 @@ FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GP
     transpose g8t (V, N) (kernels.transpose). Bytes N*V*2 read + N*V written by the row kernel, N*V read and
     written by the transpose (12.4 GB at N=49152). Baseline "torch": the trainer's path before it, our bf16
     backward, then ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()`` eagerly.
-  * ``softcapped_ce_bwd_e5m2_2d`` (K=3 and K=1): the same bytes from one 2-D tiled kernel (``fused_t=True``,
-    train_gpt.py --ce-fused-transpose) that writes g8 and g8t itself. Bytes N*V*2 read + 2*N*V written
-    (9.9 GB at N=49152, 2.3 ms at 4.3 TB/s). Baseline "row_transpose": the row kernel + transpose above, so the
-    speedup column is the A/B that decides the trainer's default. ``--tune`` adds E5M2_2D_TUNING_CANDIDATES.
   * ``fp8_head_bwd`` (K=3, C=768): the whole backward of the FP8 LM head, the e5m2 kernel then
     dx = g8 @ w8^T and dW = x8^T @ g8t with ``torch._scaled_mm`` (w8 (C, V) and x8 (N, C) e4m3, bf16 outputs).
     FLOPs 2*2*N*C*V; bytes the minimum of a fused design: logits, x8, w8 read, dx, dW written. Baseline
@@ -26,9 +22,9 @@ FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GP
 import torch
 import torch.nn.functional as F
 
-from kernels.cross_entropy import (E5M2_2D_TUNING_CANDIDATES, FP8_GRAD_S, FP8_W_S, FP8_X_S, TUNING_CANDIDATES,
-                                   softcapped_cross_entropy, softcapped_cross_entropy_bwd,
-                                   softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd)
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, TUNING_CANDIDATES, softcapped_cross_entropy,
+                                   softcapped_cross_entropy_bwd, softcapped_cross_entropy_bwd_e5m2,
+                                   softcapped_cross_entropy_fwd)
 from kernels.transpose import transpose_copy
 
 SOFTCAP = (23.0, 5.0, 7.5)          # (A, B, C) as train_gpt.py uses them
@@ -86,18 +82,6 @@ def _check_e5m2(device):
     assert differ.float().mean().item() < 1e-3, f"{int(differ.sum())} of {differ.numel()} bytes differ"
     if differ.any():
         assert (ours - want)[differ].abs().max().item() == 1, "a byte more than one e5m2 step away"
-
-
-def _check_e5m2_2d(device, N=512, V=50304):
-    """On N rows of V columns (default: 512 of the real vocabulary, bf16, the default launch configurations):
-    the 2-D kernel's g8 and g8t are the row kernel + transpose's, byte for byte (the same fp32 expression per
-    element). Also runs on the CPU (Triton's interpreter) at small N, V."""
-    x, t, w, grad, scale, stats = _e5m2_inputs(device, N, V, seed=5)
-    want = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale)
-    got = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale, fused_t=True)
-    for name, g, r in zip(("g8", "g8t"), got, want):
-        differ = g.view(torch.uint8) != r.view(torch.uint8)
-        assert not differ.any(), f"2-D e5m2 kernel: {int(differ.sum())} bytes of {name} differ from the row path"
 
 
 def _check_fp8_head(device):
@@ -171,7 +155,6 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
         g8 = torch.empty(N, V, dtype=torch.float8_e5m2, device=device)
         g8t = torch.empty(V, N, dtype=torch.float8_e5m2, device=device)
         e5m2_bytes = N * V * x.element_size() + 3 * N * V  # read logits, write g8; transpose: read g8, write g8t
-        e5m2_2d_bytes = N * V * x.element_size() + 2 * N * V  # read logits, write g8 and g8t
         for weights in (MTP_WEIGHTS, [1.0]):
             w = torch.tensor(weights, device=device)
             shape = f"{N}x{V} K={len(weights)}"
@@ -179,10 +162,6 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
             def ours(cfg=None, grad=grad, xn=xn, stats=stats, tn=tn, w=w, grad_s=grad_s, g8=g8, g8t=g8t):
                 softcapped_cross_entropy_bwd_e5m2(grad, xn, stats, tn, w, *SOFTCAP, grad_s, out=g8, out_t=g8t,
                                                   config=cfg)
-
-            def ours_2d(cfg=None, grad=grad, xn=xn, stats=stats, tn=tn, w=w, grad_s=grad_s, g8=g8, g8t=g8t):
-                softcapped_cross_entropy_bwd_e5m2(grad, xn, stats, tn, w, *SOFTCAP, grad_s, out=g8, out_t=g8t,
-                                                  config=cfg, fused_t=True)
 
             def eager(grad=grad, xn=xn, stats=stats, tn=tn, w=w, grad_s=grad_s, dn=dn):
                 softcapped_cross_entropy_bwd(grad, xn, stats, tn, w, *SOFTCAP, out=dn)
@@ -192,18 +171,11 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
             cases.append(dict(op="softcapped_ce_bwd_e5m2", shape=shape, dtype="bf16", fn=ours, bytes=e5m2_bytes,
                               flops=0, baselines={"torch": eager},
                               check=(lambda: _check_e5m2(device)) if first else None))
-            cases.append(dict(op="softcapped_ce_bwd_e5m2_2d", shape=shape, dtype="bf16", fn=ours_2d,
-                              bytes=e5m2_2d_bytes, flops=0, baselines={"row_transpose": ours},
-                              check=(lambda: _check_e5m2_2d(device)) if first else None))
             if tune and N == row_counts[-1] and len(weights) == 3:
                 for cfg in TUNING_CANDIDATES:
                     cases.append(dict(op="softcapped_ce_bwd_e5m2[" + ",".join(f"{k}={v}" for k, v in cfg.items())
                                       + "]", shape=shape, dtype="bf16", fn=lambda cfg=cfg, ours=ours: ours(cfg),
                                       bytes=e5m2_bytes, flops=0, baselines={}))
-                for cfg in E5M2_2D_TUNING_CANDIDATES:
-                    cases.append(dict(op="softcapped_ce_bwd_e5m2_2d[" + ",".join(f"{k}={v}" for k, v in cfg.items())
-                                      + "]", shape=shape, dtype="bf16", fn=lambda cfg=cfg, f=ours_2d: f(cfg),
-                                      bytes=e5m2_2d_bytes, flops=0, baselines={}))
         w3 = torch.tensor(MTP_WEIGHTS, device=device)
         C = HEAD_WIDTH
         x8 = torch.randn(N, C, generator=gen).mul(4).to(device=device, dtype=torch.float8_e4m3fn)

@@ -57,10 +57,7 @@ instruction per two elements, Triton's ``.to(tl.float8e5)`` there), which the ke
 ``.to(torch.float8_e5m2)`` agrees bit for bit except that it gives +-inf from 61440 on. In Triton's interpreter
 (the CPU tests) the kernels round by integer arithmetic on the fp32 bits instead (``_e5m2_bits``, the same
 bits; the interpreter's own conversion is wrong). g8t holds the same bytes as g8, transposed; both are fresh
-contiguous tensors. Two paths write them (``fused_t``), with the same fp32 expression per element (the shared
-``_bwd_row_setup``, ``_bwd_dense`` and target pass), hence the same bytes: the row kernel writes g8 and a
-transpose pass copies it into g8t (the default), or one 2-D kernel writes both (opt-in until measured on a GPU:
-train_gpt.py --ce-fused-transpose).
+contiguous tensors: the row kernel writes g8 and kernels.transpose.transpose_copy copies it into g8t.
 
 Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
 them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
@@ -82,19 +79,10 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): dx / scale is rounded
     to e5m2 (``_to_e5m2``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
-  * ``_ce_bwd_e5m2_2d_kernel`` (the same with ``fused_t=True``): one program per tile of BLOCK_N rows x
-    BLOCK_V columns (a 1-D grid, the column tiles of a row tile consecutive). It loads the rows' m_t, 1 / S_t,
-    g_t and terms as (rows, 1) columns, computes the tile's e5m2 bytes as the row kernel does, and stores them
-    twice: into g8 as they are and, transposed (``tl.trans``), into g8t. With PACKED (N % 4 == 0) it computes the
-    tile as four interleaved row sets (rows 4i + j, j = 0..3) and packs each column's 4 bytes of rows 4i..4i+3
-    into one 32-bit word, the layout of 4 consecutive bytes of g8t, so that the transpose moves words rather
-    than bytes. The last row tile and the last column tile are masked (rows past N read row N - 1's values and
-    store nothing); the offsets are 64-bit (g8t's pass 2^31 at the speedrun's shape).
 Bounds for the speedrun's N=49152, V=50304 (2.47e9 elements), bf16 logits, on an H200 (4.3 TB/s; MUFU 16
 per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
   * memory: the forward reads 4.95 GB (1.15 ms); the e5m2 backward reads 4.95 GB and writes 2.47 GB (1.7 ms),
-    then the transpose reads and writes 2.47 GB each (1.15 ms); the 2-D kernel writes g8t directly (no
-    transpose pass); a bf16 backward writes 4.95 GB (2.3 ms in all).
+    then the transpose reads and writes 2.47 GB each (1.15 ms); a bf16 backward writes 4.95 GB (2.3 ms in all).
   * MUFU: three operations per element, 7.4e9 per direction: 1.77 ms, above the memory bound of every kernel
     but the bf16 backward. The other instructions fit beside them: compiled for sm_90a with the launch's
     specialisations (Triton 3.6, as on the GPU machines; K=3, BLOCK_V=2048, 4 warps), a 16-element tile of the
@@ -105,19 +93,17 @@ records/README.md ("Measurements behind the code") has the kernels' measured tim
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
 training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
 (scales FP8_X_S, FP8_W_S) and multiplies them with ``torch._scaled_mm`` (fp32 accumulation, logits in x's
-dtype), then runs the forward kernel; the backward runs the e5m2 backward above (the path chosen by the op's
-``fused_t``) with the caller's gradient scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in
-the logits' dtype. The two e4m3 operands torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T
-in the backward) are copied by kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9
-(:func:`fp8_head_support`).
+dtype), then runs the forward kernel; the backward runs the e5m2 backward above with the caller's gradient
+scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logits' dtype. The two e4m3 operands
+torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T in the backward) are copied by
+kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
 
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
 ``torch.compile(fullgraph=True)``) and :func:`fp8_head_ce`; ``python -m benchmarks --only cross_entropy``
-measures the e5m2 backward (both paths, the 2-D kernel against the row path) and the FP8 head's backward
-against the eager path they replaced. On the CPU the Triton interpreter is several times slower than the
-reference at real vocabulary sizes: there the trainer calls :func:`softcapped_cross_entropy_ref`, which is
-differentiable by autograd.
+measures the e5m2 backward and the FP8 head's backward against the eager paths they replaced. On the CPU the
+Triton interpreter is several times slower than the reference at real vocabulary sizes: there the trainer calls
+:func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
 import math
 from typing import Tuple
@@ -149,26 +135,6 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=2048, num_warps=8),
     dict(BLOCK_V=4096, num_warps=8),
     dict(BLOCK_V=4096, num_warps=16),
-]
-
-# The 2-D e5m2 backward (softcapped_cross_entropy_bwd_e5m2(fused_t=True)), both logits dtypes: BLOCK_N rows x
-# BLOCK_V columns per program, warps, and PACKED (transpose 32-bit words of 4 rows' bytes, when N % 4 == 0, rather
-# than single bytes: a quarter of the shared-memory instructions of a byte transpose). An untuned initial choice,
-# NOT yet measured on a GPU (a first kernel of this design was slower than the row path: records/README.md),
-# hence opt-in (train_gpt.py --ce-fused-transpose) until `python -m benchmarks --only cross_entropy --tune` has
-# timed E5M2_2D_TUNING_CANDIDATES against the row path on a GPU.
-E5M2_2D_CONFIG = dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True)
-# Interpreter (CPU): the cost is per program, so fewer, larger tiles (the bytes do not depend on the tile).
-E5M2_2D_INTERPRETER_CONFIG = dict(BLOCK_N=64, BLOCK_V=512, num_warps=4, PACKED=True)
-E5M2_2D_TUNING_CANDIDATES = [
-    dict(BLOCK_N=64, BLOCK_V=64, num_warps=4, PACKED=True),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=4, PACKED=True),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=True),
-    dict(BLOCK_N=128, BLOCK_V=64, num_warps=8, PACKED=True),
-    dict(BLOCK_N=128, BLOCK_V=128, num_warps=8, PACKED=True),
-    dict(BLOCK_N=64, BLOCK_V=256, num_warps=8, PACKED=True),
-    dict(BLOCK_N=64, BLOCK_V=64, num_warps=8, PACKED=False),
-    dict(BLOCK_N=64, BLOCK_V=128, num_warps=8, PACKED=False),
 ]
 
 # The target pass (_ce_bwd_targets_kernel): rows per program, one per lane of 4 warps (K scattered 1- or 2-byte
@@ -291,9 +257,8 @@ def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N,
     """What the backward needs of row(s) ``row``: m_t; the row's factor of the dense part,
     dense = g_t W_t (A / C) / S_t (NaN for a row with a bad target); gc = g_t (A / C) (the targets' factor); and the
     MAX_K terms (target, weight; the absent ones weight 0). A_over_C holds A / (C * scale) for the e5m2 backward.
-    ``row`` is one int64 row (row kernels: scalars) or an int64 (BLOCK_N, 1) column of rows below N (the 2-D
-    kernel: (BLOCK_N, 1) columns, which broadcast against a tile's columns); the operations, hence the bits, are
-    the same."""
+    ``row`` is one int64 row (_ce_bwd_kernel: scalars) or an int64 (BLOCK_R,) vector of rows below N
+    (_ce_bwd_targets_kernel: one per lane); the operations, hence the bits, are the same."""
     m = tl.load(stats_ptr + row)
     inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
     g = tl.load(g_ptr + row * stride_g).to(tl.float32)
@@ -317,10 +282,9 @@ def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N,
 @triton.jit
 def _bwd_dense(x, m, dense, A, c1, c0):
     """fp32 dx of logits x at the columns that are no target of the row: dense exp(z - m) s (1 - s), which is
-    g W p (A/C) s (1 - s) with p = exp(z - m) / S. Row kernel: x (BLOCK_V,), the row's values scalars; 2-D kernel:
-    x (BLOCK_N, BLOCK_V), the rows' values (BLOCK_N, 1). One expression for both, so that both write the same bits.
-    The target columns are written again afterwards by _ce_bwd_targets_kernel (``_bwd_target``): comparing every
-    column with K targets cost 2K instructions per element."""
+    g W p (A/C) s (1 - s) with p = exp(z - m) / S; x (BLOCK_V,), the row's values scalars. The target columns are
+    written again afterwards by _ce_bwd_targets_kernel (``_bwd_target``): comparing every column with K targets cost
+    2K instructions per element."""
     z, s = _softcap(x, A, c1, c0)
     return (dense * tl.exp2((z - m) * _LOG2E)) * (s * (1.0 - s))
 
@@ -423,16 +387,13 @@ def _ce_bwd_kernel(
 def _ce_bwd_targets_kernel(
     # as _ce_bwd_kernel
     g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, dx_ptr,
-    # with TRANSPOSED: g8t's e5m2 bits (V, N) as uint8, written too
-    dx_t_ptr,
     N, V, A, c1, c0, A_over_C,
-    K: tl.constexpr, BLOCK_R: tl.constexpr, E5M2: tl.constexpr, TRANSPOSED: tl.constexpr, HW_FP8: tl.constexpr,
+    K: tl.constexpr, BLOCK_R: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     """The target columns of BLOCK_R rows (one per lane) after the dense pass: dx at each present, in-range target
-    t_k, with all the weights that land on that column (``_bwd_target``), into dlogits (or g8, and with TRANSPOSED
-    g8t). Two terms with the same target write the same value twice. Rows past N (the last block) compute row
-    N - 1's values and store nothing. Runs after _ce_bwd_kernel or the 2-D kernel (the same stream), so these
-    writes come last."""
+    t_k, with all the weights that land on that column (``_bwd_target``), into dlogits (or g8). Two terms with the
+    same target write the same value twice. Rows past N (the last block) compute row N - 1's values and store
+    nothing. Runs after _ce_bwd_kernel (the same stream), so these writes come last."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = rows < N
     r = tl.minimum(rows, N - 1)
@@ -444,102 +405,9 @@ def _ce_bwd_targets_kernel(
         x = tl.load(x_ptr + r * stride_xn + tgt, mask=ok, other=0.0)
         dx = _bwd_target(x, tgt, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
         if E5M2:
-            bits = _to_e5m2(dx, HW_FP8)
-            tl.store(dx_ptr + r * V + tgt, bits, mask=ok)
-            if TRANSPOSED:
-                tl.store(dx_t_ptr + tgt * N + r, bits, mask=ok)
+            tl.store(dx_ptr + r * V + tgt, _to_e5m2(dx, HW_FP8), mask=ok)
         else:
             tl.store(dx_ptr + r * V + tgt, dx.to(dx_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                         rows, cols, N, V, A, c1, c0, A_over_Cs, K: tl.constexpr, MASKED: tl.constexpr,
-                         HW_FP8: tl.constexpr):
-    """The e5m2 bits of the dense dx / scale at rows (R,) x cols (BLOCK_V,) (int64), stored into g8 and returned
-    (R, BLOCK_V) uint8. Rows past N (in the last row tile) read row N - 1's values instead: computed, never stored."""
-    r = tl.minimum(rows, N - 1)[:, None]                   # (R, 1)
-    m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, A_over_Cs, K)
-    c = cols[None, :]                                      # (1, BLOCK_V)
-    x_ptrs = x_ptr + r * stride_xn + c
-    out_ptrs = out_ptr + rows[:, None] * V + c             # g8[rows, cols]
-    if MASKED:
-        msk = (rows[:, None] < N) & (c < V)
-        x = tl.load(x_ptrs, mask=msk, other=0.0)
-    else:
-        x = tl.load(x_ptrs)
-    bits = _to_e5m2(_bwd_dense(x, m, dense, A, c1, c0), HW_FP8)
-    if MASKED:
-        tl.store(out_ptrs, bits, mask=msk)
-    else:
-        tl.store(out_ptrs, bits)
-    return bits
-
-
-@triton.jit
-def _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr, out_t_ptr,
-                         row0, col0, N, V, A, c1, c0, A_over_Cs, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_V: tl.constexpr, PACKED: tl.constexpr, MASKED: tl.constexpr, HW_FP8: tl.constexpr):
-    """Rows [row0, row0 + BLOCK_N) x columns [col0, col0 + BLOCK_V): the e5m2 bits of the dense dx / scale into g8 and,
-    transposed, into g8t. row0 and col0 are int64, so every offset below is (g8t's pass 2^31 at the speedrun's
-    N x V). PACKED (N % 4 == 0; out_t_ptr then points at g8t as int32 words, (V, N / 4)): the tile is computed
-    as four (BLOCK_N / 4, BLOCK_V) interleaved row sets, rows 4i + j for j = 0..3, whose bytes are packed into one
-    32-bit word per group of 4 consecutive rows (row 4i + j in byte j: little-endian, as g8t lays them out), so
-    that the transpose moves words, not bytes. Otherwise the uint8 tile itself is transposed."""
-    cols = col0 + tl.arange(0, BLOCK_V)                    # (BLOCK_V,) int64
-    if PACKED:
-        w = row0 // 4 + tl.arange(0, BLOCK_N // 4)         # g8t's word columns, (BLOCK_N / 4,) int64
-        quads = 4 * w                                      # the first of each word's 4 rows
-        words = tl.zeros((BLOCK_N // 4, BLOCK_V), dtype=tl.uint32)
-        for j in tl.static_range(4):
-            bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
-                                        out_ptr, quads + j, cols, N, V, A, c1, c0, A_over_Cs, K, MASKED, HW_FP8)
-            words = words | (bits.to(tl.uint32) << (8 * j))
-        out_t_ptrs = out_t_ptr + cols[:, None] * (N // 4) + w[None, :]    # g8t words [cols, w], (BLOCK_V, BLOCK_N / 4)
-        if MASKED:                                         # N % 4 == 0: a group is all in or all out
-            tl.store(out_t_ptrs, tl.trans(words), mask=(cols[:, None] < V) & (quads[None, :] < N))
-        else:
-            tl.store(out_t_ptrs, tl.trans(words))
-    else:
-        rows = row0 + tl.arange(0, BLOCK_N)                # (BLOCK_N,) int64
-        bits = _ce_bwd_e5m2_2d_rows(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr,
-                                    out_ptr, rows, cols, N, V, A, c1, c0, A_over_Cs, K, MASKED, HW_FP8)
-        out_t_ptrs = out_t_ptr + cols[:, None] * N + rows[None, :]       # g8t[cols, rows], (BLOCK_V, BLOCK_N)
-        if MASKED:
-            tl.store(out_t_ptrs, tl.trans(bits), mask=(cols[:, None] < V) & (rows[None, :] < N))
-        else:
-            tl.store(out_t_ptrs, tl.trans(bits))
-
-
-@triton.jit
-def _ce_bwd_e5m2_2d_kernel(
-    # incoming gradient of the losses (N,) fp32 and its stride (0 when broadcast from a sum)
-    g_ptr, stride_g,
-    # logits (N, V) and their row stride; the forward's stats (2, N) fp32
-    x_ptr, stride_xn, stats_ptr,
-    # targets (N,) int64, weights (K,) fp32
-    targets_ptr, weights_ptr,
-    # outputs, both contiguous: g8 (N, V) as uint8, g8t (V, N) as uint8, or with PACKED as int32 (V, N / 4)
-    out_ptr, out_t_ptr,
-    # sizes, softcap constants, A / (C * scale)
-    N, V, A, c1, c0, A_over_Cs,
-    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, PACKED: tl.constexpr, HW_FP8: tl.constexpr,
-):
-    # One program per tile, the column tiles of a row tile consecutive (a 1-D grid: no 65535 limit on either
-    # count): programs running together read whole rows of the logits and write whole rows of g8.
-    pid = tl.program_id(0)
-    tiles_v = tl.cdiv(V, BLOCK_V)
-    row0 = (pid // tiles_v).to(tl.int64) * BLOCK_N
-    col0 = (pid % tiles_v).to(tl.int64) * BLOCK_V
-    if (row0 + BLOCK_N <= N) & (col0 + BLOCK_V <= V):     # inside the tensor: no masks
-        _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, c1, c0, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, False,
-                             HW_FP8)
-    else:                                                  # the last row tile and/or the last column tile
-        _ce_bwd_e5m2_2d_tile(g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, out_ptr,
-                             out_t_ptr, row0, col0, N, V, A, c1, c0, A_over_Cs, K, BLOCK_N, BLOCK_V, PACKED, True,
-                             HW_FP8)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -676,37 +544,23 @@ def _hw_fp8():
 
 
 def _launch_bwd(args, consts, K, cfg, e5m2):
-    """The row kernel's dense pass, then the target pass: dlogits in the output's dtype, or (e5m2) g8's bits into a
-    uint8 view. ``args``: the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C)."""
+    """The row kernel's dense pass, then the target pass (_ce_bwd_targets_kernel: TARGETS_BLOCK_R rows per program,
+    K gathers and stores per row): dlogits in the output's dtype, or (e5m2) g8's bits into a uint8 view. ``args``:
+    the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C)."""
     _ce_bwd_kernel[(consts[0],)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(),
                                  num_warps=cfg["num_warps"])
-    _launch_targets(args, args[-1], consts, K, e5m2=e5m2, transposed=False)
-
-
-def _launch_targets(args, out_t, consts, K, e5m2, transposed):
-    """_ce_bwd_targets_kernel after the dense pass: TARGETS_BLOCK_R rows per program, K gathers and stores per row;
-    with ``transposed`` also into out_t (g8t's bits)."""
     _ce_bwd_targets_kernel[(triton.cdiv(consts[0], TARGETS_BLOCK_R),)](
-        *args, out_t, *consts, K=K, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, TRANSPOSED=transposed, HW_FP8=_hw_fp8(),
-        num_warps=4)
-
-
-def _packs_words(cfg, N, out_t):
-    """Whether the 2-D kernel transposes 32-bit words of 4 rows (cfg PACKED): g8t's rows must hold whole words
-    (N % 4 == 0) and start 4-byte aligned; otherwise it transposes bytes."""
-    return bool(cfg["PACKED"]) and cfg["BLOCK_N"] >= 4 and N % 4 == 0 and out_t.data_ptr() % 4 == 0
+        *args, *consts, K=K, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, HW_FP8=_hw_fp8(), num_warps=4)
 
 
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
-                                     config=None, transpose_config=None, fused_t=False):
+                                     config=None, transpose_config=None):
     """(g8, g8t): g8 (N, V) and g8t (V, N), contiguous torch.float8_e5m2, both holding SAT(RNE_e5m2(dlogits / scale))
     (the same bytes, g8t = g8.T), with dlogits the fp32 gradient of :func:`softcapped_cross_entropy_bwd` (module
     docstring). ``scale``: the positive finite FP8 gradient scale (Python float). ``out``/``out_t``: optional
-    preallocated outputs. ``fused_t``: False, the row kernel writes g8 and kernels.transpose copies it into g8t;
-    True, one 2-D tiled kernel writes both (the same bytes, no transpose pass). ``config``: the row kernel's
-    dict(BLOCK_V=..., num_warps=...), or with fused_t the 2-D kernel's dict(BLOCK_N=..., BLOCK_V=...,
-    num_warps=..., PACKED=...) (powers of two; PACKED applies where N % 4 == 0), overriding the default;
-    ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t (row kernel path only)."""
+    preallocated outputs. The row kernel writes g8 and kernels.transpose copies it into g8t. ``config``: the row
+    kernel's dict(BLOCK_V=..., num_warps=...) overriding the default (BLOCK_V a power of two);
+    ``transpose_config``: kernels.transpose's (BLOCK_M, BLOCK_N, num_warps) for g8t."""
     N, V, K = _check_inputs(logits, targets, weights, A, B, C)
     dev = logits.device
     _check_grad(grad, N, dev)
@@ -715,9 +569,6 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         raise TypeError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
-    if fused_t and transpose_config is not None:
-        raise ValueError("softcapped_cross_entropy: transpose_config is for the row kernel's transpose pass; "
-                         "with fused_t=True there is none")
     A_over_Cs = float(A) / C / scale                       # one fp32 constant for A / C and 1 / scale
     if not abs(A_over_Cs) <= torch.finfo(torch.float32).max:
         raise ValueError(f"softcapped_cross_entropy: scale={scale!r} is too small: A / (C * scale) overflows fp32")
@@ -736,22 +587,8 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         raise ValueError("softcapped_cross_entropy: out and out_t must not overlap in memory")
     if N == 0:
         return out, out_t
-    if fused_t:
-        cfg = config if config is not None else (
-            E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
-        BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8))
     consts = (N, V, *_softcap_consts(A, B, C), A_over_Cs)
-    if fused_t:
-        cfg = config if config is not None else (
-            E5M2_2D_INTERPRETER_CONFIG if logits.device.type == "cpu" else E5M2_2D_CONFIG)
-        BLOCK_N, BLOCK_V = cfg["BLOCK_N"], cfg["BLOCK_V"]
-        packed = _packs_words(cfg, N, out_t)
-        _ce_bwd_e5m2_2d_kernel[(triton.cdiv(N, BLOCK_N) * triton.cdiv(V, BLOCK_V),)](
-            *args, out_t.view(torch.int32 if packed else torch.uint8), *consts,
-            K=K, BLOCK_N=BLOCK_N, BLOCK_V=BLOCK_V, PACKED=packed, HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
-        _launch_targets(args, out_t.view(torch.uint8), consts, K, e5m2=True, transposed=True)
-        return out, out_t
     _launch_bwd(args, consts, K, _config(logits, config), e5m2=True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
@@ -815,13 +652,13 @@ def softcapped_cross_entropy(logits, targets, weights, A, B, C):
 # ---------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
 def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
-                w_s: float, grad_s: float, A: float, B: float, C: float,
-                fused_t: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                w_s: float, grad_s: float, A: float, B: float,
+                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
     multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
     accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
     e4m3 operands. torch._scaled_mm wants its second operand column-major: w8's transpose, copied by
-    kernels.transpose (_transposed). ``fused_t`` only chooses the backward's e5m2 kernel (:func:`fp8_head_ce_bwd`)."""
+    kernels.transpose (_transposed)."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
@@ -832,7 +669,7 @@ def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights
 
 
 @fp8_head_ce.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C, fused_t):
+def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
     N, V = x.shape[0], w.shape[1]
     return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
             x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
@@ -841,14 +678,12 @@ def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C, fused_t):
 @torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
 def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
                     weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                    A: float, B: float, C: float, fused_t: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of fp8_head_ce. The CE backward writes the logits' gradient as e5m2 (dlogits / grad_s) in the
-    two layouts the FP8 matmuls need, g8 (N, V) and g8t (V, N), with no bf16 gradient in between: with
-    ``fused_t`` one 2-D kernel writes both, else the row kernel writes g8 and kernels.transpose copies it into g8t
-    (the same bytes either way). dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits' dtype, fp32
-    accumulation (no fast accumulation in the backward, as in the record)."""
-    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s,
-                                                fused_t=fused_t)
+    two layouts the FP8 matmuls need, g8 (N, V) and g8t (V, N), with no bf16 gradient in between: the row kernel
+    writes g8 and kernels.transpose copies it into g8t. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits'
+    dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
+    g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
     dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
     dw = torch._scaled_mm(_transposed(x8), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
@@ -863,7 +698,7 @@ def _transposed(t8):
 
 
 @fp8_head_ce_bwd.register_fake
-def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C, fused_t):
+def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
     return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
 
 
@@ -876,7 +711,7 @@ def _fp8_head_ce_setup(ctx, inputs, output):
 
 def _fp8_head_ce_backward(ctx, grad_losses, *_):
     dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 9          # targets, weights, x_s, w_s, grad_s, A, B, C, fused_t
+    return (dx, dw) + (None,) * 8          # targets, weights, x_s, w_s, grad_s, A, B, C
 
 
 fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)

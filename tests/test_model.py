@@ -476,8 +476,6 @@ def test_fp8_head_falls_back_to_the_same_math_on_cpu():
     on, off = (tg.build_fns(dataclasses.replace(hp, fp8_head=f), torch.device("cpu"), compile_model=False)
                for f in (True, False))
     assert on.head_path == "float32 (no FP8 matmul on cpu)" and off.head_path == "float32 (--no-fp8-head)"
-    unused = tg.build_fns(dataclasses.replace(hp, ce_fused_transpose=True), torch.device("cpu"), compile_model=False)
-    assert unused.head_path == "float32 (no FP8 matmul on cpu); --ce-fused-transpose unused (no FP8 head)"
     g = torch.Generator().manual_seed(2)
     x = torch.randn(128, hp.model_dim, generator=g)
     w = (torch.randn(hp.model_dim, 512, generator=g) * 0.05).requires_grad_()
@@ -535,7 +533,7 @@ def _spec_ce64(logits, t, wk, A, B, C):
     return out
 
 
-def _check_fp8_head_ce(dev, N, C, V, seed, w_std, fused_t, rows=None):
+def _check_fp8_head_ce(dev, N, C, V, seed, w_std, rows=None):
     """fp8_head_ce forward and backward, piece by piece against float64 specifications written here:
     e4m3 operands (torch's cast of x / x_s, w / w_s, bitwise), logits (the float64 product of the dequantised
     operands, up to the bf16 rounding of the output and the fp32 / fast accumulation), losses (float64 CE of
@@ -549,15 +547,13 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, fused_t, rows=None):
     Why both: rule 5's GPU term is an estimate of the tensor cores' truncating accumulation (the fp32 bound
     failed on one H200 by less than half a bf16 ulp on 16 of 1536 elements of dx: the accumulation, not dx,
     was off); the restated call pins the composition (operands, layouts, scales) exactly on every device, so a
-    scale off by any factor, a transposed or swapped operand, or another gradient than g8 fails there. The
-    restated operands come from the row kernel + transpose path whatever ``fused_t`` (the op's e5m2 kernel)
-    is: the 2-D kernel must give the same bytes, through both matmuls."""
+    scale off by any factor, a transposed or swapped operand, or another gradient than g8 fails there."""
     from tests.test_cross_entropy import spec_grad_terms, spec_grad
     from tests.tolerances import assert_fp8_gemm, assert_rounded_e5m2
     A, B, Cs = SOFTCAP3
     u = 2.0 ** -24
     x, w, t, wk, gs = _fp8_case(dev, N, C, V, seed, w_std)
-    losses, logits, stats, x8, w8 = tg.fp8_head_ce(x, w, t, wk, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs, fused_t)
+    losses, logits, stats, x8, w8 = tg.fp8_head_ce(x, w, t, wk, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
     x8_spec = (x.detach() / tg.FP8_X_S).to(torch.float8_e4m3fn)
     w8_spec = (w.detach() / tg.FP8_W_S).to(torch.float8_e4m3fn)
     assert torch.equal(x8.view(torch.uint8), x8_spec.view(torch.uint8))
@@ -577,7 +573,7 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, fused_t, rows=None):
     loss = losses.mean()
     dx, dw = torch.autograd.grad(loss, (x, w))
     grad = torch.full((N,), 1.0 / N, device=dev)
-    dx2, dw2 = fp8_head_ce_bwd(grad, logits, stats, t, wk, x8, w8, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs, fused_t)
+    dx2, dw2 = fp8_head_ce_bwd(grad, logits, stats, t, wk, x8, w8, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
     assert torch.equal(dx, dx2) and torch.equal(dw, dw2), "autograd does not run fp8_head_ce_bwd"
     g8, _ = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, t, wk, A, B, Cs, gs)
     # the spec over the checked rows plus the K - 1 after them (a row's later terms read their targets)
@@ -604,61 +600,20 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, fused_t, rows=None):
     assert (exact - e_logits).abs().max() > 2.0 ** -8 * e_logits.abs().max()
 
 
-@pytest.mark.parametrize("fused_t", [False, True], ids=["row_transpose", "fused_2d"])
-def test_fp8_head_ce_matches_quantised_spec_small_shapes(device, fused_t):
+def test_fp8_head_ce_matches_quantised_spec_small_shapes(device):
     """Small shapes on the test device (on the CPU the e5m2 kernels run in Triton's interpreter): V = 208 is not
     a multiple of the kernels' tiles, N = 48 not of the transpose's (both multiples of 16, as torch._scaled_mm
     requires on a GPU)."""
     if not _scaled_mm_works(device):
         pytest.skip(f"this torch has no torch._scaled_mm on {device}")
-    _check_fp8_head_ce(torch.device(device), 48, 32, 208, seed=4, w_std=0.2, fused_t=fused_t)
-
-
-def test_ce_fused_transpose_reaches_the_fp8_head_backward(monkeypatch, device):
-    """hp.ce_fused_transpose (--ce-fused-transpose) chooses the FP8 head backward's e5m2 kernel through build_fns,
-    head_loss and fp8_head_ce's fused_t, and both choices give the same loss and gradients bit for bit. On the CPU
-    the FP8 head is forced on (torch._scaled_mm runs there; the e5m2 kernels run in Triton's interpreter)."""
-    if not _scaled_mm_works(device):
-        pytest.skip(f"this torch has no torch._scaled_mm on {device}")
-    import kernels.cross_entropy as ce_mod
-    seen = []
-    real = ce_mod.softcapped_cross_entropy_bwd_e5m2
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("fused_t"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ce_mod, "softcapped_cross_entropy_bwd_e5m2", spy)
-    monkeypatch.setattr(tg, "fp8_head_support", lambda dev: (True, "forced by the test"))
-    hp = tg.smoke_hyperparameters()
-    assert hp.ce_fused_transpose is False and tg.Hyperparameters().ce_fused_transpose is False   # opt-in for now
-    assert tg.hyperparameters_from(tg.parse_args(["--ce-fused-transpose"])).ce_fused_transpose is True
-    g = torch.Generator().manual_seed(5)
-    N = 48
-    x = torch.randn(N, hp.model_dim, generator=g).to(device, torch.bfloat16)
-    w = (torch.randn(hp.model_dim, hp.vocab_size, generator=g) * 0.2).to(device, torch.bfloat16)
-    t = torch.randint(0, hp.vocab_size, (N,), generator=g).to(device)
-    wk = torch.tensor([1.0, 0.5, 0.25], device=device)
-    results = []
-    for fused in (False, True):
-        fns = tg.build_fns(dataclasses.replace(hp, ce_fused_transpose=fused), torch.device(device), compile_model=False)
-        assert fns.head_path == "fp8 (forced by the test); e5m2 gradient: " + (
-            "one 2-D kernel, both layouts (--ce-fused-transpose)" if fused else "row kernel + transpose copy")
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        loss = fns.loss(xg, wg, t, wk)
-        results.append((loss.detach(), *torch.autograd.grad(loss, (xg, wg))))
-    assert seen == [False, True]
-    for name, a, b in zip(("loss", "dx", "dw"), *results):
-        assert torch.equal(a, b), f"{name} differs between the two e5m2 backward paths"
+    _check_fp8_head_ce(torch.device(device), 48, 32, 208, seed=4, w_std=0.2)
 
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 matmul needs CUDA capability >= 8.9")
-@pytest.mark.parametrize("fused_t", [False, True], ids=["row_transpose", "fused_2d"])
-def test_fp8_head_ce_matches_quantised_spec_on_gpu(fused_t):
+def test_fp8_head_ce_matches_quantised_spec_on_gpu():
     """The speedrun's head shape (C = 768, V = 50304) with N = 2048 rows; the float64 checks on 256 rows."""
-    _check_fp8_head_ce(torch.device("cuda"), 2048, 768, 50304, seed=0, w_std=0.04, fused_t=fused_t,
-                       rows=slice(0, 256))
+    _check_fp8_head_ce(torch.device("cuda"), 2048, 768, 50304, seed=0, w_std=0.04, rows=slice(0, 256))
 
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() < (8, 9),

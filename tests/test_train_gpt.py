@@ -178,9 +178,8 @@ def gpu_runs(shared_build):
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
     (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
     step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the opt-in kernels on:
-    --embed-grad-to-acc --ce-fused-transpose). Subprocesses: each run is a fresh process, as a real run and a
-    real resume are. Built once per session (conftest's shared_build: one xdist worker runs them, the others
-    wait and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
+    --embed-grad-to-acc). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built
+    once per session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
     for run in ("a", "b", "resumed", "opt_in"):
@@ -213,7 +212,7 @@ def _gpu_runs(d):
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
-    opt_in = start("opt_in", "--embed-grad-to-acc", "--ce-fused-transpose")
+    opt_in = start("opt_in", "--embed-grad-to-acc")
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
     _finish(opt_in, None, timeout=900)
@@ -236,19 +235,16 @@ def test_deterministic_gpu(gpu_runs):
 
 
 @on_gpu_runs
-@pytest.mark.skipif(not HAS_CUDA, reason="the opt-in kernels are CUDA paths (the CPU uses torch's embedding and "
-                                         "no FP8 head); tests/test_embedding.py and test_cross_entropy.py check "
-                                         "their bits in the interpreter")
+@pytest.mark.skipif(not HAS_CUDA, reason="the opt-in kernels are CUDA paths (the CPU uses torch's embedding); "
+                                         "tests/test_embedding.py checks their bits in the interpreter")
 def test_opt_in_kernels_change_no_bit_gpu(gpu_runs):
-    """--embed-grad-to-acc (the embedding backward adds into the optimizer's accumulators) and --ce-fused-transpose
-    (the FP8 head's e5m2 gradient in both layouts from one kernel) promise the default path's bits: run "opt_in"
-    against run "a" (gpu_runs), both --deterministic, 40 steps across the untie and both batch-size stages:
-    bitwise-identical train and val losses in every line, final weights and optimizer state. Both paths ran: the
-    log names the FP8 head (the fused transpose is its backward) and the flags."""
+    """--embed-grad-to-acc (the embedding backward adds into the optimizer's accumulators) promises the default
+    path's bits: run "opt_in" against run "a" (gpu_runs), both --deterministic, 40 steps across the untie and both
+    batch-size stages: bitwise-identical train and val losses in every line, final weights and optimizer state. The
+    accumulate mode ran: the log names it and the flag."""
     (_, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
-    assert hp["embed_grad_to_acc"] and hp["ce_fused_transpose"], "the flags did not reach the run"
-    assert re.search(r"^lm_head_matmul: fp8 .*one 2-D kernel", text, re.M), "the fused transpose did not run"
+    assert hp["embed_grad_to_acc"], "the flag did not reach the run"
     assert "embedding_backward: added into the optimizer's fp32 accumulators" in text, "the accumulate mode did not run"
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
     assert so == sa and vo == va, "loss lines differ with the opt-in kernels"
@@ -264,7 +260,7 @@ def test_resume_gpu(gpu_runs):
     after the resume, and bitwise-identical final weights and optimizer state (the resumed part crosses the untie
     before step 19 and two stage changes, at 18 and 36). The CPU equivalent, in the CPU suite: test_resume_reproduces_uninterrupted_run
     (eager smoke model, resume at the untie step)."""
-    (_, sa, va, ca), (text, sr, vr, cr) = gpu_runs["a"], gpu_runs["resumed"]
+    (_, sa, va, ca), (_, sr, vr, cr) = gpu_runs["a"], gpu_runs["resumed"]
     assert tg.untie_step(tg.smoke_hyperparameters(scheduled_steps=GPU_STEPS - 4)) > GPU_RESUME_AT
     assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after its checkpoint"
     assert {s: sa[s] for s in sr} == sr, "train losses after resume differ"
