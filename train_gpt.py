@@ -85,12 +85,12 @@ Optimizer (not compiled; our Triton kernels do the work): gradients of every mic
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
 dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
 backward as soon as its gradient is complete: the compiled region's parameters together when its backward
-ends, the embedding tables after their own backward kernels; the others in the optimizer step). With
---embed-grad-to-acc (CUDA; off by default, opt-in until timed on a GPU) the embedding backward kernels add the
-rows the batch touches straight into the three tables' accumulators (kernels.embedding's accumulate mode: the
-same bits as the dense gradient's fold, without writing, reading and adding ~425M mostly-zero elements per
-micro-step), and the tables' reduce-scatters start in the optimizer step (the log's `embedding_backward:` line
-says which path ran). Then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
+ends; the others in the optimizer step). On CUDA the embedding backward kernels add the rows the batch touches
+straight into the three tables' accumulators (--embed-grad-to-acc, the default: kernels.embedding's accumulate
+mode, the same bits as the dense gradient's fold without writing, reading and adding ~425M mostly-zero elements
+per micro-step), and the tables' reduce-scatters start in the optimizer step; with --no-embed-grad-to-acc (and
+on the CPU, torch's embedding) the tables get dense gradients, folded like the others, and their reduce-scatters
+start after their own backward kernels (the log's `embedding_backward:` line says which path ran). Then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
 kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
 normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
 cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the
@@ -217,8 +217,9 @@ class Hyperparameters:
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
-    # opt-in kernels (CUDA): the same bits either way; off until timed on a GPU (benchmarks/ has their cases)
-    embed_grad_to_acc: bool = False  # embedding backward adds touched rows into the optimizer's fp32 accumulators
+    # CUDA: the same bits either way (--no-embed-grad-to-acc: the dense gradients, folded; 2026-11-26 H200 profile:
+    # elementwise 71.9 -> 60.4 ms/step at stage 0 with it and the new CE kernels, records/2026-11-26_StepTime1xH200)
+    embed_grad_to_acc: bool = True  # embedding backward adds touched rows into the optimizer's fp32 accumulators
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
@@ -1037,8 +1038,8 @@ def build_fns(hp, device, compile_model, attention="auto"):
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
     embed_path = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
-                  "dense gradient, folded into the optimizer's fp32 accumulators"
-                  + ("; --embed-grad-to-acc unused (CUDA only)" if hp.embed_grad_to_acc else ""))
+                  "dense gradient, folded into the optimizer's fp32 accumulators ("
+                  + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path)
 
 
@@ -1519,6 +1520,8 @@ class CheckpointError(ValueError):
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
                      "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc")
+# Settings older checkpoints may hold that this trainer no longer has; each changed no bit (--resume ignores them).
+RETIRED_SETTINGS = ("ce_fused_transpose",)  # the 2-D e5m2 CE backward, removed 2026-11-26
 
 
 def fsync_dir(path):
@@ -1593,7 +1596,7 @@ def check_resume(hp, path, d):
     for r in range(1, d.world):
         read_checkpoint(path, r, mmap=True)
     saved, mine = ck["hyperparameters"], dataclasses.asdict(hp)
-    for k in list(mine) + [k for k in saved if k not in mine]:
+    for k in list(mine) + [k for k in saved if k not in mine and k not in RETIRED_SETTINGS]:
         if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
             what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
                     f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")

@@ -1,6 +1,6 @@
 """Benchmark cases for kernels.embedding: the speedrun's embedding backward with uniform and Zipf ids, dense and
 accumulate modes (the accumulate mode against the dense gradient followed by ``acc.add_``, what the trainer does
-without --embed-grad-to-acc)."""
+with --no-embed-grad-to-acc)."""
 import torch
 
 from kernels.embedding import (TUNING_CANDIDATES, embedding_backward, embedding_backward_accumulate,

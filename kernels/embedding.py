@@ -72,8 +72,8 @@ Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding
 ``torch.compile(fullgraph=True)``): on the GPU the lookups run eagerly before the compiled region, and their
 backward after its backward (on the CPU the trainer uses torch's own embedding). The forward is a plain gather.
 ``embedding(ids, weight, prep, acc=acc)`` selects the accumulate mode: the backward adds into acc and gives the
-weight no gradient. train_gpt.py passes the optimizer's accumulators with --embed-grad-to-acc, off by default:
-opt-in until it is measured on a GPU (the interpreter tests show the bits, not the time).
+weight no gradient. train_gpt.py passes the optimizer's accumulators on CUDA (--embed-grad-to-acc, the default;
+--no-embed-grad-to-acc gives the tables dense gradients instead).
 """
 from typing import NamedTuple, Optional
 

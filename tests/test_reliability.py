@@ -306,6 +306,22 @@ def test_resume_checks_world_size_and_allows_only_what_does_not_change_the_run(d
         tg.check_resume(_run_hp(data), folder, tg.Dist(rank=0, world=2))
 
 
+@pytest.mark.parametrize("extra, refused", [({"ce_fused_transpose": False}, False), ({"ce_fused_transpose": True}, False),
+                                            ({"made_up_setting": 1}, True)])
+def test_resume_ignores_retired_settings_only(data, ckpt, tmp_path, extra, refused):
+    """A checkpoint written before a setting was retired (RETIRED_SETTINGS: --ce-fused-transpose, which changed no
+    bit) still resumes; a setting this trainer never had is refused, naming it."""
+    state = torch.load(ckpt / "rank0.pt", weights_only=False)
+    folder = tmp_path / "step_000001"
+    folder.mkdir()
+    torch.save({**state, "hyperparameters": {**state["hyperparameters"], **extra}}, folder / "rank0.pt")
+    if refused:
+        with pytest.raises(tg.CheckpointError, match="--made-up-setting is 1 in the checkpoint, None in this run"):
+            tg.check_resume(_run_hp(data), folder, tg.Dist())
+    else:
+        tg.check_resume(_run_hp(data), folder, tg.Dist())
+
+
 # ----------------------------------------------------------------------------------------------------
 # --vocab-from-data: the separator from the documents, never a stray id
 

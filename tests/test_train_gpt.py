@@ -120,7 +120,7 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     assert first > math.log(hp.vocab_size) - 0.5, "untrained loss should be near ln(vocab)"
     assert first - last > 1.5, f"val loss fell only from {first} to {last}"
     for key in ("tokens_per_s_per_gpu:", "mfu:", "compile_warmup_s:", "stage_step_avg:", "val_tokens_used:",
-                "lm_head_matmul: ", "embedding_backward: dense gradient"):
+                "lm_head_matmul: ", "embedding_backward: " + ("added into" if HAS_CUDA else "dense gradient")):
         assert key in sections[2]
     assert sections[2].startswith(f"log_file: {log_path}\ncheckpoint_dir: {ckpt_dir}\n")
     assert "run_failed" not in sections[2]
@@ -177,8 +177,8 @@ def gpu_runs(shared_build):
     and the untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
     (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
-    step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the opt-in kernels on:
-    --embed-grad-to-acc). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built
+    step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the other embedding backward:
+    --no-embed-grad-to-acc, the dense gradients folded by the hooks). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built
     once per session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
@@ -212,7 +212,7 @@ def _gpu_runs(d):
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
-    opt_in = start("opt_in", "--embed-grad-to-acc")
+    opt_in = start("opt_in", "--no-embed-grad-to-acc")
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
     _finish(opt_in, None, timeout=900)
@@ -235,20 +235,21 @@ def test_deterministic_gpu(gpu_runs):
 
 
 @on_gpu_runs
-@pytest.mark.skipif(not HAS_CUDA, reason="the opt-in kernels are CUDA paths (the CPU uses torch's embedding); "
-                                         "tests/test_embedding.py checks their bits in the interpreter")
-def test_opt_in_kernels_change_no_bit_gpu(gpu_runs):
-    """--embed-grad-to-acc (the embedding backward adds into the optimizer's accumulators) promises the default
-    path's bits: run "opt_in" against run "a" (gpu_runs), both --deterministic, 40 steps across the untie and both
-    batch-size stages: bitwise-identical train and val losses in every line, final weights and optimizer state. The
-    accumulate mode ran: the log names it and the flag."""
-    (_, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
+@pytest.mark.skipif(not HAS_CUDA, reason="the accumulate mode is a CUDA path (the CPU uses torch's embedding); "
+                                         "tests/test_embedding.py checks its bits in the interpreter")
+def test_embed_grad_paths_change_no_bit_gpu(gpu_runs):
+    """--embed-grad-to-acc (the default: the embedding backward adds into the optimizer's accumulators) promises
+    the bits of --no-embed-grad-to-acc (the dense gradients folded by the hooks): run "a" against run "opt_in"
+    (gpu_runs), both --deterministic, 40 steps across the untie and both batch-size stages: bitwise-identical
+    train and val losses in every line, final weights and optimizer state. Each ran its path: the logs name them."""
+    (text_a, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
-    assert hp["embed_grad_to_acc"], "the flag did not reach the run"
-    assert "embedding_backward: added into the optimizer's fp32 accumulators" in text, "the accumulate mode did not run"
+    assert not hp["embed_grad_to_acc"], "--no-embed-grad-to-acc did not reach the run"
+    assert "embedding_backward: added into the optimizer's fp32 accumulators" in text_a, "the accumulate mode did not run"
+    assert "embedding_backward: dense gradient, folded" in text, "the dense fold did not run"
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
-    assert so == sa and vo == va, "loss lines differ with the opt-in kernels"
-    _assert_same_checkpoint(ca, co, what="with the opt-in kernels")
+    assert so == sa and vo == va, "loss lines differ between the two embedding backward paths"
+    _assert_same_checkpoint(ca, co, what="between the two embedding backward paths")
 
 
 @on_gpu_runs
