@@ -72,7 +72,9 @@ tables) run eagerly: gathers whose deterministic backward kernels (kernels.embed
 backward. Everything else, the prelude, all layers and the head with its loss, is one region,
 `torch.compile(fullgraph=True, dynamic=False)`: `train_step`, and `val_step` for validation, one graph each per
 micro-batch length (the stage table's three, plus validation's), so a micro-step costs the host a handful of
-calls and inductor fuses the residual updates, norms and gates across sublayers. What changes between steps
+calls and inductor fuses the residual updates, norms and gates across sublayers. The training step's graphs
+launch their ~900 kernels per micro-step from inductor's C++ wrapper (--cpp-wrapper, the default): from Python
+the launches kept the host behind the GPU in stage 0. What changes between steps
 or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
 the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
 dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
@@ -229,6 +231,9 @@ class Hyperparameters:
     hellaswag_file: str = "data/hellaswag/hellaswag_val.jsonl"  # HellaSwag jsonl (python data/hellaswag.py)
     hellaswag_limit: int = 0  # evaluate only the first N HellaSwag examples (0: all)
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
+    # 2026-11-26, one H200: stage 0 at 225 instead of 249-266 ms/step (from Python, the launches kept the host
+    # behind the GPU); the cold compile about twice as long (records/2026-11-26_StepTime1xH200)
+    cpp_wrapper: bool = True  # the compiled training step launches its kernels from C++ (the same kernels)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
     stages: tuple = dataclasses.field(default_factory=lambda: STAGES)  # batch / window / lr stages
@@ -1032,8 +1037,9 @@ def build_fns(hp, device, compile_model, attention="auto"):
         return val_loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, one)
 
     steps = [train_step, val_step]
-    if compile_model:
-        steps = [torch.compile(f, fullgraph=True, dynamic=False) for f in steps]
+    if compile_model:  # hp.cpp_wrapper: the training step's kernels launched from C++ (validation: not timed)
+        steps = [torch.compile(f, fullgraph=True, dynamic=False, options=opts) for f, opts in
+                 ((train_step, {"cpp_wrapper": hp.cpp_wrapper}), (val_step, None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
@@ -1519,7 +1525,7 @@ class CheckpointError(ValueError):
 
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
-                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc")
+                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "cpp_wrapper")
 # Settings older checkpoints may hold that this trainer no longer has; each changed no bit (--resume ignores them).
 RETIRED_SETTINGS = ("ce_fused_transpose",)  # the 2-D e5m2 CE backward, removed 2026-11-26
 
