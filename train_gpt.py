@@ -73,7 +73,7 @@ backward. Everything else, the prelude, all layers and the head with its loss, i
 `torch.compile(fullgraph=True, dynamic=False)`: `train_step`, and `val_step` for validation, one graph each per
 micro-batch length (the stage table's three, plus validation's), so a micro-step costs the host a handful of
 calls and inductor fuses the residual updates, norms and gates across sublayers. The training step's graphs
-launch their ~900 kernels per micro-step from inductor's C++ wrapper (--cpp-wrapper, the default): from Python
+launch most of a micro-step's ~900 kernels from inductor's C++ wrapper (--cpp-wrapper, the default): from Python
 the launches kept the host behind the GPU in stage 0. What changes between steps
 or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
 the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
