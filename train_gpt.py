@@ -92,7 +92,8 @@ straight into the three tables' accumulators (--embed-grad-to-acc, the default: 
 mode, the same bits as the dense gradient's fold without writing, reading and adding ~425M mostly-zero elements
 per micro-step), and the tables' reduce-scatters start in the optimizer step; with --no-embed-grad-to-acc (and
 on the CPU, torch's embedding) the tables get dense gradients, folded like the others, and their reduce-scatters
-start after their own backward kernels (the log's `embedding_backward:` line says which path ran). Then per shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
+start after their own backward kernels (the log's `embedding_backward:` line says which path ran). Then per
+shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
 kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
 normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
 cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the

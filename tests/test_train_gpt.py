@@ -173,17 +173,18 @@ GPU_STEPS, GPU_RESUME_AT = 40, 16  # the resumed part crosses stage 1's start (1
 def gpu_runs(shared_build):
     """Four runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
-    through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation)
-    and the untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
+    through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation) and the
+    untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
     (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
-    step-16 checkpoint, steps 17 to 40) and run "opt_in" (a's command with the other embedding backward and kernel
-    launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --no-cpp-wrapper, the compiled
-    step's kernels launched from Python). Subprocesses: each run is a fresh process, as a real run and a real resume are. Built
-    once per session (conftest's shared_build: one xdist worker runs them, the others wait and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
+    step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
+    kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --no-cpp-wrapper, the
+    compiled step's kernels launched from Python). Subprocesses: each run is a fresh process, as a real run and a
+    real resume are. Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
+    and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
-    for run in ("a", "b", "resumed", "opt_in"):
+    for run in ("a", "b", "resumed", "other_paths"):
         text, steps, vals = _parse(d / "logs" / f"{run}.txt")
         assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
         out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
@@ -213,10 +214,10 @@ def _gpu_runs(d):
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
-    opt_in = start("opt_in", "--no-embed-grad-to-acc", "--no-cpp-wrapper")
+    other = start("other_paths", "--no-embed-grad-to-acc", "--no-cpp-wrapper")
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
-    _finish(opt_in, None, timeout=900)
+    _finish(other, None, timeout=900)
 
 
 @on_gpu_runs
@@ -241,13 +242,13 @@ def test_deterministic_gpu(gpu_runs):
 def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     """--embed-grad-to-acc (the default: the embedding backward adds into the optimizer's accumulators) promises
     the bits of --no-embed-grad-to-acc (the dense gradients folded by the hooks), and --cpp-wrapper (the default)
-    those of --no-cpp-wrapper: run "a" against run "opt_in" (gpu_runs, both flags off), both --deterministic, 40
+    those of --no-cpp-wrapper: run "a" against run "other_paths" (gpu_runs, both flags off), both --deterministic, 40
     steps across the untie and both batch-size stages: bitwise-identical train and val losses in every line, final
     weights and optimizer state. Each ran its path: the logs name them."""
-    (text_a, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["opt_in"]
+    (text_a, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["other_paths"]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert not hp["embed_grad_to_acc"] and not hp["cpp_wrapper"], "the flags did not reach the run"
-    assert "embedding_backward: added into the optimizer's fp32 accumulators" in text_a, "the accumulate mode did not run"
+    assert "embedding_backward: added into the optimizer's fp32 accumulators" in text_a, "no accumulate mode"
     assert "embedding_backward: dense gradient, folded" in text, "the dense fold did not run"
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
     assert so == sa and vo == va, "loss lines differ with --no-embed-grad-to-acc --no-cpp-wrapper"
