@@ -220,8 +220,7 @@ class Hyperparameters:
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
-    # CUDA: the same bits either way (--no-embed-grad-to-acc: the dense gradients, folded; 2026-11-26 H200 profile:
-    # elementwise 71.9 -> 60.4 ms/step at stage 0 with it and the new CE kernels, records/2026-11-26_StepTime1xH200)
+    # CUDA; the same bits as --no-embed-grad-to-acc (dense gradients, folded): records/2026-11-26_StepTime1xH200
     embed_grad_to_acc: bool = True  # embedding backward adds touched rows into the optimizer's fp32 accumulators
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
@@ -232,8 +231,7 @@ class Hyperparameters:
     hellaswag_file: str = "data/hellaswag/hellaswag_val.jsonl"  # HellaSwag jsonl (python data/hellaswag.py)
     hellaswag_limit: int = 0  # evaluate only the first N HellaSwag examples (0: all)
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
-    # 2026-11-26, one H200: stage 0 at 225 instead of 249-266 ms/step (from Python, the launches kept the host
-    # behind the GPU); the cold compile about twice as long (records/2026-11-26_StepTime1xH200)
+    # the same kernels as --no-cpp-wrapper; a faster stage 0, a longer cold compile: records/2026-11-26_StepTime1xH200
     cpp_wrapper: bool = True  # the compiled training step launches its kernels from C++ (the same kernels)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
