@@ -334,17 +334,24 @@ def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
                      ("val_step", dict(fullgraph=True, dynamic=False, options=None))], calls
 
 
-def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, device):
+@pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
+def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, device, accumulate):
     """Trainer.train_step at world size 1, fp32: the gradient it accumulates over the 8 micro-steps equals the
     gradient of the MEAN micro-batch loss over the global batch (autograd of that mean, computed here), and the
     train_loss it returns is that mean. At step 0 the near-uniform initial head puts it within 0.05 of ln(vocab)
     times the mean multi-token weight of a row
     (a loss scaled by 8, or summed instead of averaged, is off by a factor). World sizes 2, 4 and 8 compute
-    world size 1's micro-gradients and losses (tests/test_world_sizes.py)."""
+    world size 1's micro-gradients and losses (tests/test_world_sizes.py). Both embedding-gradient paths: the
+    dense fold (--no-embed-grad-to-acc) and the accumulate mode (kernels.embedding's kernels, which the CPU runs
+    through the interpreter here although the trainer gives the CPU torch's lookup)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), embed_grad_to_acc=accumulate,
+                                  ve_tables=(0, 1, -1, 0))  # two value-embedding tables: each its own rows
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
+    if accumulate and device != "cuda":
+        tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=True)
+    assert tr.fns.embed_accs == accumulate
     mbs = tr.loader.next()
     assert len(mbs) == tg.SLOTS
     tr.loader.rewind(0)
