@@ -639,11 +639,18 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
     window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in one document). The
     window is read on the host, from a CPU tensor, so that a compiled caller takes it as an argument (no
     recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the softmax
-    log-sum-exp and the RNG state, which the backward needs)."""
+    log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
+    fused projection's (T, 3, H, D) output in layers without a value embedding): FlashAttention reads any token
+    and head strides, so only a last dim that is not contiguous is copied."""
     out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
-        q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
+        *_unit_last_dim(q, k, v), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
         window_size_left=int(window) - 1, window_size_right=0)
     return out, lse, rng
+
+
+def _unit_last_dim(*tensors):
+    """Each tensor as it is when its last dim is contiguous (all FlashAttention asks for), else a contiguous copy."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
 @doc_attention.register_fake
@@ -658,16 +665,18 @@ def _(q, k, v, cu, window, max_len, scale):
 def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor, rng: torch.Tensor, cu: torch.Tensor, window: torch.Tensor, max_len: int,
                       scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of doc_attention. FlashAttention's backward accumulates dq with atomics unless
-    deterministic algorithms are on without warn_only: --deterministic asks for that here, for this call."""
+    """(dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the strides of q, k, v. FlashAttention's
+    backward accumulates dq with atomics unless deterministic algorithms are on without warn_only:
+    --deterministic asks for that here, for this call."""
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
     try:
-        return torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, max_len, max_len,
+        grads = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), *_unit_last_dim(q, k, v), out, lse, cu, cu, max_len, max_len,
             0.0, True, rng, torch.empty(0, device=q.device), scale=scale, window_size_left=int(window) - 1,
             window_size_right=0)
+        return tuple(g.contiguous() for g in grads[:3])  # no copy: FlashAttention allocates them contiguous
     finally:
         if deterministic:
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
@@ -675,7 +684,7 @@ def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
 
 @doc_attention_bwd.register_fake
 def _(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _doc_attention_setup(ctx, inputs, output):

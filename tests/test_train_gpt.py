@@ -996,6 +996,47 @@ def test_flash_attend_matches_dense_on_gpu(window):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="FlashAttention runs on CUDA only")
+def test_flash_attend_reads_strided_views_without_copies():
+    """q, k, v as views of one (T, 3, H, D) buffer (what a layer without a value embedding hands the op): the
+    forward and backward run no more copies (aten::clone / aten::copy_, the ops inside the custom ops included,
+    as the profiler records them) than with contiguous inputs, give the same bits (out, dk, dv; dq too under
+    deterministic algorithms), and the grads come back contiguous (T, H, D), as the op's fake says."""
+    T, H, D = 3000, 6, 128
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 50000, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 700, 2900]] = 50256
+    dev = torch.device("cuda")
+    seq = tg.DocSeq(tg.doc_cu_seqlens(ids, 50256).to(dev), None, T)
+    base = torch.randn(T, 3, H, D, generator=g).to(dev, torch.bfloat16)
+    dy = torch.randn(T, H, D, generator=g).to(dev, torch.bfloat16)
+
+    def run(fused):
+        """(out, grads, the copy ops recorded, every op name recorded) for one forward and backward."""
+        leaf = base.clone().requires_grad_() if fused else [t.contiguous().requires_grad_() for t in base.unbind(1)]
+        qkv = leaf.unbind(1) if fused else leaf
+        assert fused != qkv[2].is_contiguous()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            y = tg.flash_attend(*qkv, seq, torch.tensor(384), 0.12)
+            grads = torch.autograd.grad(y, qkv, dy)
+        names = [e.name for e in prof.events()]
+        return y, grads, [n for n in names if n in ("aten::clone", "aten::copy_")], names
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        y, grads, copies, names = run(fused=True)
+        y_sep, grads_sep, copies_sep, _ = run(fused=False)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert "aten::_flash_attention_forward" in names and "aten::_flash_attention_backward" in names, names
+    assert len(copies) <= len(copies_sep), (copies, copies_sep)
+    assert torch.equal(y, y_sep)
+    for name, a, b in zip("qkv", grads, grads_sep):
+        assert a.shape == (T, H, D) and a.is_contiguous(), name
+        assert torch.equal(a, b), f"d{name}"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="FlashAttention runs on CUDA only")
 def test_flash_attend_backward_is_deterministic_when_asked():
     """Under torch.use_deterministic_algorithms (what --deterministic turns on, warn_only), the attention
     backward gives the same bits twice (FlashAttention's default accumulates dq with atomics)."""
