@@ -4,6 +4,7 @@ Usage:
     python records/compare.py records/YYYY-MM-DD_Baseline records/YYYY-MM-DD_Candidate \\
         --baseline YYYY-MM-DD_Baseline [--target 3.28] [--json] [--plot curves.png]
     python records/compare.py --group base=a.txt,b.txt --group new=logs/ --baseline base
+    python records/compare.py runs/base runs/new --baseline base --at-step 250,500
 
 Each PATH is a log file or a folder of logs (``*.txt`` and ``*.log`` directly inside it, not recursive, so
 an ``old_logs/`` subfolder is not mixed in). Default grouping: one group per folder (a file given directly
@@ -30,6 +31,13 @@ step lines; anything missing is reported as unknown (``?`` in Markdown, ``null``
   A MiB reserved: R MiB`` (GPU runs), ``tokens_per_s_per_gpu: N``, ``mfu: P%`` and ``stage_step_avg:
   stage0:Xms stage1:Yms ...`` (the mean step time of each stage, validation excluded).
 
+Console captures: train_gpt.py's console output saved without the source and header block (other lines, then
+the ``compile_...`` lines, then the step lines), where some or all lines may begin with an ``<epoch-seconds> ``
+timestamp (``1795691634.121215 step:250/1490 val_loss:1.5441 ...``, the team's side-by-side script). Without a
+line of 100 ``=`` such a file is read from its first line (source hash and header unknown, so it never counts in
+the statistics of finished runs; ``--at-step`` counts it). A leading timestamp (digits, a dot, digits, a space)
+is removed from every line after the source before parsing.
+
 Step lines: ``step:125/1385 val_loss:4.3930 train_time:14290ms step_avg:124.26ms`` (validation) and
 ``step:126/1385 train_time:14311ms step_avg:123.37ms`` (training). ``train_loss:X`` is in the training lines of
 ``train_gpt.py --train-loss`` runs, last (``... step_avg:123.37ms train_loss:X``), and of older public logs,
@@ -55,9 +63,18 @@ Definitions
 * Candidate vs baseline: time delta (candidate - baseline, seconds and % of the baseline mean), speedup
   (baseline mean / candidate mean), Welch's t-test on times (two-sided, plus the one-sided p that the
   candidate is faster), loss delta with its two-sided Welch p.
+* Val loss at equal steps (``--at-step 250,500``, comma-separated integers >= 0): per group and step, the val
+  losses of the validation lines at exactly that step, from every run that has one, finished or not, with or
+  without a header (unfinished runs stay excluded from the statistics above). n, mean, sample std, min, max,
+  the number of the group's runs without a finite val loss at that step (listed, not counted), and for
+  candidates the delta (candidate mean - baseline mean) with its two-sided Welch p
+  (``scipy.stats.ttest_ind(..., equal_var=False)``; unknown when either side has fewer than 2 runs). A run
+  with two validation lines at one step (a resumed log) counts its last one and is warned about. In the
+  JSON: ``at_step``, one object per (group, step).
 
-Exit status: 0 when at least one run is usable (finished, with a final val loss), 1 when none is, 2 for
-usage errors (unknown ``--baseline``, bad ``--group``, unwritable ``--plot`` file).
+Exit status: 0 when at least one run is usable (finished, with a final val loss) or, with ``--at-step``, has a
+val loss at one of the steps; 1 when none is; 2 for usage errors (unknown ``--baseline``, bad ``--group``,
+bad ``--at-step``, unwritable ``--plot`` file).
 """
 import argparse
 import hashlib
@@ -101,6 +118,8 @@ STEP_FIELDS = {  # key -> unit suffix of its value
 STEP_REQUIRED = ("train_time", "step_avg")
 EVAL_FIELDS = ("hellaswag_acc_norm",)  # a line of only these is an evaluation line (no times required)
 _STEP_VALUE_RE = re.compile(rf"^{_NUM}$")
+# A console capture's line prefix: epoch seconds with a fraction, then one space.
+TIMESTAMP_RE = re.compile(r"^\d+\.\d+ ")
 
 
 def parse_step_line(line):
@@ -219,7 +238,8 @@ def _number(text):
 
 
 def parse_log_text(text, path="<text>"):
-    """Parse one log's text into a Run; raise LogError when it holds no usable step line at all."""
+    """Parse one log's text into a Run; raise LogError when it holds no usable step line at all. A leading
+    ``<epoch-seconds> `` is removed from every line after the source (console captures)."""
     if not text.strip():
         raise LogError("empty file")
     lines = text.splitlines()
@@ -232,7 +252,7 @@ def parse_log_text(text, path="<text>"):
     else:
         run.problems.append("no line of 100 '=': source and header unknown")
         body_start = 0
-    body = lines[body_start:]
+    body = [TIMESTAMP_RE.sub("", line, count=1) for line in lines[body_start:]]
     step_matches = []
     smi_gpus = []
     header_done = False
@@ -532,6 +552,50 @@ def compare_to_baseline(candidate_runs, baseline_runs):
     return out
 
 
+def val_losses_at(run, step):
+    """The val losses of a run's validation lines at exactly ``step`` (usually one; none when it lacks it)."""
+    return [loss for s, _, loss in run.val_curve if s == step]
+
+
+def _finite(value):
+    return value is not None and math.isfinite(value)
+
+
+def at_step_stats(groups, steps, baseline=None):
+    """Val loss at equal steps: one dict per (group, step), baseline first (see the module docstring)."""
+    order = ([baseline] if baseline else []) + [g for g in groups if g != baseline]
+    rows, warned = [], []
+    values = {}  # (group, step) -> losses of the runs counted
+    for name in order:
+        for step in steps:
+            losses, lacking = [], []
+            for run in groups[name]:
+                at = val_losses_at(run, step)
+                if len(at) > 1:
+                    warned.append(f"group {name}: {run.name} has {len(at)} validation lines at step {step}: "
+                                  f"the last ({_fmt(at[-1], '.4f')}) is counted")
+                if at and _finite(at[-1]):
+                    losses.append(at[-1])
+                else:
+                    lacking.append(run.name)
+            values[name, step] = losses
+            n = len(losses)
+            rows.append(dict(group=name, step=step, n=n, n_lacking=len(lacking), lacking=lacking,
+                             loss_mean=float(np.mean(losses)) if n else None, loss_std=_std(losses),
+                             loss_min=min(losses) if n else None, loss_max=max(losses) if n else None,
+                             loss_delta=None, p_loss_two_sided=None))
+    if baseline:
+        for row in rows:
+            base = values[baseline, row["step"]]
+            cand = values[row["group"], row["step"]]
+            if row["group"] == baseline or not base or not cand:
+                continue
+            row["loss_delta"] = float(np.mean(cand) - np.mean(base))
+            if len(cand) >= 2 and len(base) >= 2:
+                row["p_loss_two_sided"] = _quiet(stats.ttest_ind, cand, base, equal_var=False)
+    return rows, warned
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Warnings
 
@@ -622,8 +686,8 @@ def cross_group_warnings(groups, baseline):
 # Report
 
 
-def analyze(groups, skipped, target, baseline=None):
-    """Everything the report shows, as plain data (the JSON output)."""
+def analyze(groups, skipped, target, baseline=None, at_steps=None):
+    """Everything the report shows, as plain data (the JSON output); ``at_step`` only with ``at_steps``."""
     order = ([baseline] if baseline else []) + [g for g in groups if g != baseline]
     result = dict(target=target, p_threshold=P_THRESHOLD, min_runs=MIN_RUNS, baseline=baseline,
                   runs_needed_method=("smallest n >= 2 with t.cdf((mean - target) / (std / sqrt(n)), n - 1) "
@@ -642,6 +706,9 @@ def analyze(groups, skipped, target, baseline=None):
         for name in order[1:]:
             result["comparisons"].append(dict(candidate=name, baseline=baseline,
                                               **compare_to_baseline(groups[name], groups[baseline])))
+    if at_steps:
+        result["at_step"], at_warnings = at_step_stats(groups, at_steps, baseline)
+        result["warnings"].extend(at_warnings)
     return result
 
 
@@ -719,6 +786,24 @@ def render_markdown(result):
                        "p faster (Welch, one-sided)", "Loss-delta", "p loss (Welch, two-sided)"], rows)
         out += ["", "Speedup = baseline mean time / candidate mean time.", ""]
 
+    if "at_step" in result:
+        out += ["## Val loss at equal steps", ""]
+        rows = []
+        for a in result["at_step"]:
+            if result["baseline"] == a["group"]:
+                delta = p = "baseline"
+            elif result["baseline"] is None:
+                delta = p = "-"
+            else:
+                delta, p = _fmt(a["loss_delta"], "+.4f"), _fmt_p(a["p_loss_two_sided"])
+            rows.append([a["group"], a["step"], a["n"], a["n_lacking"], _fmt(a["loss_mean"], ".4f"),
+                         _fmt(a["loss_std"], ".4f"), _fmt(a["loss_min"], ".4f"), _fmt(a["loss_max"], ".4f"),
+                         delta, p])
+        out += _table(["Group", "Step", "n", "Lacking", "Loss-mean", "Loss-std", "Loss-min", "Loss-max",
+                       "Loss-delta", "p loss (Welch, two-sided)"], rows)
+        out += ["", "n: runs with a val loss at that step, finished or not; Lacking: runs of the group without "
+                "one (not counted). Loss-delta: candidate mean - baseline mean at the same step.", ""]
+
     out += ["## Runs", ""]
     rows = []
     for g in result["groups"]:
@@ -789,7 +874,18 @@ def build_parser():
     parser.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target val loss (default 3.28)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     parser.add_argument("--plot", metavar="FILE.png", help="write validation-loss curves to this PNG")
+    parser.add_argument("--at-step", type=_steps_arg, metavar="STEPS",
+                        help="also compare the val loss at these steps (comma-separated), over every run that "
+                             "logged one, finished or not")
     return parser
+
+
+def _steps_arg(text):
+    """``--at-step`` value: comma-separated integers >= 0, in order, each once."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", item) for item in items):
+        raise argparse.ArgumentTypeError(f"expects comma-separated integers >= 0 (e.g. 250,500), got {text!r}")
+    return list(dict.fromkeys(int(item) for item in items))
 
 
 def main(argv=None):
@@ -820,7 +916,7 @@ def main(argv=None):
                 continue
             run.group = name
             groups[name].append(run)
-    result = analyze(groups, skipped, args.target, args.baseline)
+    result = analyze(groups, skipped, args.target, args.baseline, args.at_step)
     print(json.dumps(json_safe(result), indent=1, allow_nan=False) if args.json else render_markdown(result))
     if args.plot:
         try:
@@ -828,7 +924,7 @@ def main(argv=None):
         except OSError as exc:
             print(f"error: cannot write plot {args.plot}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    n_usable = sum(g["n"] for g in result["groups"])
+    n_usable = sum(g["n"] for g in result["groups"]) + sum(a["n"] for a in result.get("at_step", []))
     if n_usable == 0:
         print("error: no usable run (finished, with a final val loss)", file=sys.stderr)
         return 1

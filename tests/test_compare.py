@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -545,3 +546,171 @@ def test_stage_times_and_profile_tables_parsed(tmp_path):
     assert run.profile[1] == {"steps": 1, "wall_ms": 400.0, "busy_ms": 390.0,
                               "categories": {"communication": 0.0, "idle": 10.0}}
     assert run.usable and run.tokens_per_s_per_gpu == 812345
+
+
+# ----------------------------------------------------------------------------------------------------------
+# --at-step: val loss at equal steps over finished, unfinished and header-less runs
+
+
+def write_console_log(path, val_losses, last_step, *, total=100, timestamps=True, step_ms=600):
+    """Write train_gpt.py's console output without the source/header block, stopped after ``last_step``.
+
+    ``val_losses``: {step: val loss}. With ``timestamps`` every line but the first carries an
+    ``<epoch-seconds> `` prefix, as in a launcher's capture.
+    """
+    lines = ["log_file: /tmp/seeds/logs/x.txt", "val_tokens_used: 10485760 (40 micro-batches of 262144)",
+             "compile_phase: stage0 T=16384 step 0: 60.7 s", "compile_warmup_s: 185.8", "compile_cache: cold"]
+    for step in range(last_step + 1):
+        t = step * step_ms
+        avg = f"{t / step:.2f}" if step else "0.02"
+        if step in val_losses:
+            lines.append(f"step:{step}/{total} val_loss:{val_losses[step]:.4f} train_time:{t}ms step_avg:{avg}ms")
+        if step > 0:
+            lines.append(f"step:{step}/{total} train_time:{t}ms step_avg:{avg}ms")
+    if timestamps:
+        lines = [f"{1795691634.121215 + 0.25 * i:.6f} {line}" for i, line in enumerate(lines)]
+    Path(path).write_text("\n".join(["launch 1795691600.000001 py:1 037420d", *lines]) + "\n")
+    return path
+
+
+@pytest.fixture
+def at_step_groups(tmp_path):
+    """base: finished with header, timestamped capture (unfinished), plain capture (unfinished), a capture cut
+    before step 50; cand: two finished with header, one timestamped capture. Validation at steps 0 and 50."""
+    base_50, cand_50 = [1.5302, 1.5441, 1.5313], [1.5338, 1.5407, 1.5384]
+    for name in ("base", "cand"):
+        (tmp_path / name).mkdir()
+    write_log(tmp_path / "base" / "a_header.txt", 1.3281, 60000, mid_loss=base_50[0])
+    write_console_log(tmp_path / "base" / "b_stamped.log", {0: 10.1174, 50: base_50[1]}, 53)
+    write_console_log(tmp_path / "base" / "c_plain.log", {0: 10.1391, 50: base_50[2]}, 51, timestamps=False)
+    write_console_log(tmp_path / "base" / "d_short.log", {0: 10.1266}, 30)
+    write_log(tmp_path / "cand" / "a.txt", 1.3087, 59000, mid_loss=cand_50[0])
+    write_log(tmp_path / "cand" / "b.txt", 1.3229, 59500, mid_loss=cand_50[1])
+    write_console_log(tmp_path / "cand" / "c_stamped.log", {0: 10.1266, 50: cand_50[2]}, 50)
+    return tmp_path, base_50, cand_50
+
+
+def test_timestamped_capture_is_parsed(at_step_groups):
+    """A console capture whose lines carry epoch-second prefixes: the prefixes are dropped, its val curve and
+    compile time read; unfinished and header-less, so it stays out of the final-loss statistics."""
+    root, base_50, _ = at_step_groups
+    run = compare.parse_log(root / "base" / "b_stamped.log")
+    assert run.val_curve == [(0, 0.0, 10.1174), (50, 30000.0, base_50[1])]
+    assert (run.last_step, run.total_steps, run.finished, run.usable) == (53, 100, False, False)
+    assert run.compile_warmup_s == 185.8 and run.source_hash is None
+    assert any("no line of 100 '='" in p for p in run.problems)
+    assert any("unfinished" in p for p in run.problems)
+
+
+def test_at_step_json_matches_independent_arithmetic(at_step_groups, capsys):
+    root, base_50, cand_50 = at_step_groups
+    rc, out, _ = run_main([root / "base", root / "cand", "--baseline", "base", "--at-step", "50,0", "--json"],
+                          capsys)
+    assert rc == 0
+    data = json.loads(out)
+    rows = {(a["group"], a["step"]): a for a in data["at_step"]}
+    assert [(a["group"], a["step"]) for a in data["at_step"]] == [("base", 50), ("base", 0), ("cand", 50),
+                                                                 ("cand", 0)]
+    assert set(rows["base", 50]) == {"group", "step", "n", "n_lacking", "lacking", "loss_mean", "loss_std",
+                                     "loss_min", "loss_max", "loss_delta", "p_loss_two_sided"}
+    base, cand = rows["base", 50], rows["cand", 50]
+    assert (base["n"], base["n_lacking"], base["lacking"]) == (3, 1, ["d_short.log"])
+    assert (cand["n"], cand["n_lacking"], cand["lacking"]) == (3, 0, [])
+    for row, losses in ((base, base_50), (cand, cand_50)):
+        assert row["loss_mean"] == pytest.approx(statistics.mean(losses), rel=1e-12)
+        assert row["loss_std"] == pytest.approx(statistics.stdev(losses), rel=1e-9)
+        assert (row["loss_min"], row["loss_max"]) == (min(losses), max(losses))
+    assert base["loss_delta"] is None and base["p_loss_two_sided"] is None
+    assert cand["loss_delta"] == pytest.approx(statistics.mean(cand_50) - statistics.mean(base_50), abs=1e-12)
+    # Welch's t and Welch-Satterthwaite df written out, checked against scipy's test.
+    va, vb = statistics.variance(cand_50) / 3, statistics.variance(base_50) / 3
+    t = (statistics.mean(cand_50) - statistics.mean(base_50)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    assert cand["p_loss_two_sided"] == pytest.approx(2 * stats.t.sf(abs(t), df), rel=1e-9)
+    assert cand["p_loss_two_sided"] == pytest.approx(
+        stats.ttest_ind(cand_50, base_50, equal_var=False).pvalue, rel=1e-9)
+    # Step 0: every run has it (the short capture too).
+    assert rows["base", 0]["n"] == 4 and rows["base", 0]["loss_mean"] == pytest.approx(
+        statistics.mean([10.8258, 10.1174, 10.1391, 10.1266]), rel=1e-12)
+    # The unfinished runs stay excluded from the final-loss statistics and are listed as before.
+    assert [g["n"] for g in data["groups"]] == [1, 2]
+    assert any("b_stamped.log excluded from statistics" in w for w in data["warnings"])
+
+
+def test_at_step_markdown_section(at_step_groups, capsys):
+    root, base_50, cand_50 = at_step_groups
+    rc, out, _ = run_main([root / "base", root / "cand", "--baseline", "base", "--at-step", "50"], capsys)
+    assert rc == 0 and "## Val loss at equal steps" in out
+    header, rows = parse_markdown_table(out, "Group | Step")
+    assert header == ["Group", "Step", "n", "Lacking", "Loss-mean", "Loss-std", "Loss-min", "Loss-max",
+                      "Loss-delta", "p loss (Welch, two-sided)"]
+    base, cand = rows
+    assert (base["Group"], base["Step"], base["n"], base["Lacking"]) == ("base", "50", "3", "1")
+    assert base["Loss-mean"] == f"{statistics.mean(base_50):.4f}"
+    assert base["Loss-std"] == f"{statistics.stdev(base_50):.4f}"
+    assert base["Loss-delta"] == "baseline"
+    assert cand["Loss-delta"] == f"{statistics.mean(cand_50) - statistics.mean(base_50):+.4f}"
+    assert cand["p loss (Welch, two-sided)"] == f"{stats.ttest_ind(cand_50, base_50, equal_var=False).pvalue:.3g}"
+    _, runs = parse_markdown_table(out, "Group | File")
+    assert len(runs) == 7 and {r["File"]: r["Status"] for r in runs}["b_stamped.log"] == "excluded"
+
+
+def test_at_step_unknown_p_with_one_run_and_no_baseline(at_step_groups, capsys):
+    root, base_50, cand_50 = at_step_groups
+    one = root / "cand" / "c_stamped.log"
+    rc, out, _ = run_main(["--group", f"base={root / 'base'}", "--group", f"one={one}", "--baseline", "base",
+                           "--at-step", "50"], capsys)
+    assert rc == 0
+    _, rows = parse_markdown_table(out, "Group | Step")
+    assert (rows[1]["n"], rows[1]["Loss-std"], rows[1]["p loss (Welch, two-sided)"]) == ("1", "?", "?")
+    assert rows[1]["Loss-delta"] == f"{cand_50[2] - statistics.mean(base_50):+.4f}"
+    rc, out, _ = run_main([root / "cand", "--at-step", "50"], capsys)
+    _, rows = parse_markdown_table(out, "Group | Step")
+    assert (rows[0]["Loss-delta"], rows[0]["p loss (Welch, two-sided)"]) == ("-", "-")
+
+
+def test_at_step_unfinished_only_exits_zero(at_step_groups, capsys):
+    root, _, _ = at_step_groups
+    files = [root / "base" / "b_stamped.log", root / "base" / "c_plain.log"]
+    assert run_main([*files], capsys)[0] == 1  # no finished run, as before
+    rc, out, _ = run_main([*files, "--at-step", "50", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["at_step"][0]["n"] == 2
+    assert run_main([root / "base" / "d_short.log", "--at-step", "50"], capsys)[0] == 1
+
+
+def test_without_at_step_output_unchanged(two_groups, capsys):
+    """The option only adds its section (and JSON key) for logs the parser read before."""
+    root, _, _ = two_groups
+    args = [root / "base", root / "cand", "--baseline", "base"]
+    _, plain, _ = run_main(args, capsys)
+    _, with_steps, _ = run_main([*args, "--at-step", "50"], capsys)
+    start = with_steps.index("## Val loss at equal steps")
+    end = with_steps.index("## Runs")
+    assert with_steps[:start] + with_steps[end:] == plain
+    _, plain_json, _ = run_main([*args, "--json"], capsys)
+    data = json.loads(plain_json)
+    assert "at_step" not in data
+    _, steps_json, _ = run_main([*args, "--json", "--at-step", "50"], capsys)
+    steps_data = json.loads(steps_json)
+    assert steps_data.pop("at_step") and steps_data == data
+
+
+def test_at_step_repeated_validation_warned(tmp_path, capsys):
+    path = write_console_log(tmp_path / "resumed.log", {0: 10.1, 50: 1.6}, 55)
+    with open(path, "a") as f:  # a resumed run logging step 50 again
+        f.write("1795691999.000001 step:50/100 val_loss:1.5500 train_time:30000ms step_avg:600.00ms\n")
+    rc, out, _ = run_main([path, "--at-step", "50", "--json"], capsys)
+    data = json.loads(out)
+    assert rc == 0 and data["at_step"][0]["loss_mean"] == 1.55
+    assert any("2 validation lines at step 50" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize("value", ["2.5", "abc", "-5", "250,", "", "250,x", "1e3"])
+def test_bad_at_step_is_a_usage_error(at_step_groups, capsys, value):
+    root, _, _ = at_step_groups
+    with pytest.raises(SystemExit) as exc:
+        compare.main([str(root / "base"), f"--at-step={value}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's one-line error after the usage
+    assert ": error: argument --at-step: expects comma-separated integers >= 0" in last and value in last
