@@ -631,6 +631,11 @@ class DocSeq(NamedTuple):
     max_len: int  # an upper bound of the documents' lengths (FlashAttention's grid)
 
 
+def _unit_last_dim(*tensors):
+    """Each tensor as it is when its last dim is contiguous (all FlashAttention asks for), else a contiguous copy."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
 @torch.library.custom_op("speedrun::doc_attention", mutates_args=())
 def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, window: torch.Tensor,
                   max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -646,11 +651,6 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
         *_unit_last_dim(q, k, v), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
         window_size_left=int(window) - 1, window_size_right=0)
     return out, lse, rng
-
-
-def _unit_last_dim(*tensors):
-    """Each tensor as it is when its last dim is contiguous (all FlashAttention asks for), else a contiguous copy."""
-    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
 @doc_attention.register_fake

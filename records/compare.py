@@ -557,10 +557,6 @@ def val_losses_at(run, step):
     return [loss for s, _, loss in run.val_curve if s == step]
 
 
-def _finite(value):
-    return value is not None and math.isfinite(value)
-
-
 def at_step_stats(groups, steps, baseline=None):
     """Val loss at equal steps: one dict per (group, step), baseline first (see the module docstring)."""
     order = ([baseline] if baseline else []) + [g for g in groups if g != baseline]
@@ -574,7 +570,7 @@ def at_step_stats(groups, steps, baseline=None):
                 if len(at) > 1:
                     warned.append(f"group {name}: {run.name} has {len(at)} validation lines at step {step}: "
                                   f"the last ({_fmt(at[-1], '.4f')}) is counted")
-                if at and _finite(at[-1]):
+                if at and at[-1] is not None and math.isfinite(at[-1]):
                     losses.append(at[-1])
                 else:
                     lacking.append(run.name)
