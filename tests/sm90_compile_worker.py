@@ -36,7 +36,8 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, mangle_type
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 TARGET = GPUTarget("cuda", 90, 32)
 _PTR = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32",
@@ -48,6 +49,8 @@ _OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg"
 def _type_of(value):
     if isinstance(value, torch.Tensor):
         return "*" + _PTR[value.dtype]
+    if isinstance(value, TensorDescriptor):  # kernels/mlp.py's TMA operands: Triton's own name for the type
+        return mangle_type(value)
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
@@ -132,6 +135,12 @@ def call_family(family):
             prep = emb.prepare_ids(ids, V)
             emb.embedding_backward(grad, ids, V, prep=prep, config=emb.DEFAULT_CONFIG)
             emb.embedding_backward_accumulate(grad, ids, torch.zeros(V, C), prep=prep, config=emb.DEFAULT_CONFIG)
+    elif family == "mlp":
+        from kernels.mlp import linear_relu2, linear_relu2_bwd
+        for M, N, K in ((256, 512, 128), (37, 72, 40)):
+            x, w = torch.randn(M, K, generator=g).to(bf16), torch.randn(N, K, generator=g).to(bf16)
+            pre, _ = linear_relu2(x, w, num_programs=132)
+            linear_relu2_bwd(x, w, pre, num_programs=132)
     elif family == "momentum":
         from kernels.momentum import nesterov_momentum
         for shape in ((4, 768, 768), (3, 100, 70)):

@@ -11,7 +11,7 @@ from benchmarks import families
 from benchmarks.__main__ import main
 from tests.conftest import HAS_CUDA
 
-KERNEL_FAMILIES = {"adam", "cross_entropy", "embedding", "momentum", "normuon", "polar_express", "transpose"}
+KERNEL_FAMILIES = {"adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"}
 
 
 def test_driver_finds_every_family():
@@ -82,3 +82,16 @@ def test_transpose_fp8_case_runs_at_a_small_shape(device):
     case["check"]()
     case["fn"]()
     case["baselines"]["torch"]()
+
+
+def test_mlp_cases_run_at_a_small_shape(device):
+    """benchmarks/mlp.py's forward and backward cases at 40 x 72 x 40 (no multiple of the tile), fp32 on the CPU
+    (Triton's interpreter), bf16 on a GPU: the kernel, its check against torch and the eager baseline run."""
+    from benchmarks import mlp as bench
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    for direction in ("fwd", "bwd"):
+        case = bench._case(direction, 40, 72, 40, dtype, device)
+        assert case["flops"] == 2 * 40 * 72 * 40
+        case["check"]()
+        case["fn"]()
+        case["baselines"]["torch"]()

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import HAS_CUDA
 
 REPO = Path(__file__).resolve().parents[1]
-FAMILIES = ["adam", "cross_entropy", "embedding", "momentum", "normuon", "polar_express", "transpose"]
+FAMILIES = ["adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the suite compiles and runs every kernel for real")

@@ -1,0 +1,287 @@
+"""The MLP's up-projection and ReLU² in one matmul, forward and backward.
+
+The speedrun's MLP (``train_gpt.mlp_sublayer``) is ``out = relu(x W_fc^T)^2 W_proj^T`` with x = norm(lane) (M, C),
+W_fc (H, C) and W_proj^T stored as ``w_proj_t`` (H, C); C = 768, H = 3072 and M = 16384 / 32768 / 49152 tokens per
+micro-step in the three batch stages. Left to torch, the ReLU² is an elementwise pass of its own in each
+direction: the forward reads ``pre`` and writes ``act`` (2 x 100 MB at M = 16384), the backward reads
+``d act`` and ``pre`` and writes ``d pre`` (3 x 100 MB). Here they move into the epilogue of the matmul that
+produces ``pre`` (forward) or ``d act`` (backward), while the tile is still in registers:
+
+    forward   pre = x @ w^T                    (M, N) = (M, K) @ (N, K)^T, fp32 accumulation
+              act = relu(pre)^2                 computed from the rounded pre, as torch computes it
+    backward  dpre = (g @ w2^T) * 2 relu(pre)   g = d out (M, K), w2 = w_proj_t (N, K), pre (M, N) saved
+
+so the forward writes pre and act (pre is what the backward's ReLU' reads, act is what W_proj's gradient and the
+next matmul read), and the backward never writes ``d act``. Rounding: ``pre`` and ``act`` are rounded once each
+to the inputs' dtype, ``act`` bitwise ``relu(pre)^2`` of the stored ``pre`` (the same bits as torch's eager and
+compiled ``F.relu(pre).square()``); ``dpre`` is rounded once from the fp32 product of the accumulator and
+``2 relu(pre)`` (torch rounds ``d act`` to bf16 first: one rounding fewer here).
+
+Dtype policy: bf16 (training) and fp16 multiply on tensor cores with fp32 accumulation; fp32 inputs use exact
+IEEE fp32 dots (``input_precision="ieee"``, no TF32): that path is for the tests (the Triton interpreter on the
+CPU), not for speed. Outputs have the inputs' dtype.
+
+Kernel: ``_linear_relu2_kernel``, persistent: ``num_programs`` programs (the SM count on a GPU) walk the
+(BLOCK_M, BLOCK_N) output tiles in row-major order, so programs running together share A's row panel and all
+of B (3072 x 768 bf16 is 4.7 MB, resident in L2). Operands and outputs move through TMA tensor descriptors
+(``triton.tools.tensor_descriptor.TensorDescriptor``): loads past the edges read zeros and stores past them are
+dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two halves
+(BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA asks for
+a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is not
+(never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
+
+Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of
+every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls
+``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input
+gradients (cuBLAS). The two kernels are custom ops (``speedrun::linear_relu2``, ``speedrun::linear_relu2_bwd``)
+so torch.compile keeps them opaque inside its region.
+
+Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-11-26_FusedMLP1xH200): at M =
+16384, forward 141.4 us (547 TFLOP/s) against 163.9 us for what the trainer ran before (torch.compile: cuBLAS,
+then a fused pointwise kernel), backward 156.2 us against 185.4; record #74's fused kernel took 146.2 us per call
+(forward and backward together) in its profiled stage-0 step (records/2026-11-25_StepProfile1xH200).
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels._checks import check_kernel_device, interpreting
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# References (pure PyTorch; float64 inputs give the tests' reference)
+# ---------------------------------------------------------------------------------------------------------
+def linear_relu2_ref(x, w):
+    """(pre, act) = (x @ w^T, relu(pre)^2) in x's dtype, as the speedrun's composite MLP computes them."""
+    pre = x @ w.T
+    return pre, torch.relu(pre).square()
+
+
+def linear_relu2_bwd_ref(g, w2, pre):
+    """dpre = (g @ w2^T) * 2 relu(pre): the gradient of relu(pre)^2 @ w2 with respect to pre, for d out = g."""
+    return (g @ w2.T) * (2 * torch.relu(pre))
+
+
+def relu2_mlp_ref(x, w_fc, w_proj_t):
+    """relu(x @ w_fc^T)^2 @ w_proj_t: the MLP after its input norm."""
+    return linear_relu2_ref(x, w_fc)[1] @ w_proj_t
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------------------
+@triton.jit
+def _linear_relu2_kernel(
+        # TMA descriptors: A (M, K) and B (N, K) operands; C (M, N) output: pre (forward) or dpre (backward);
+        # AUX (M, N): act, written (forward), or pre, read (backward). C and AUX blocks are half a tile wide.
+        a_desc, b_desc, c_desc, aux_desc,
+        M, N, K,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        NUM_PROGRAMS: tl.constexpr,  # programs in the grid: each takes every NUM_PROGRAMS-th tile
+        BACKWARD: tl.constexpr,  # False: C = pre, AUX = relu(pre)^2; True: C = acc * 2 relu(AUX)
+        IEEE: tl.constexpr,  # fp32 operands: exact fp32 dots (no TF32)
+):
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    k_steps = tl.cdiv(K, BLOCK_K)
+    HALF: tl.constexpr = BLOCK_N // 2
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
+        row = (tile // tiles_n) * BLOCK_M
+        col = (tile % tiles_n) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ks in range(k_steps):
+            a = a_desc.load([row, ks * BLOCK_K])
+            b = b_desc.load([col, ks * BLOCK_K])
+            if IEEE:
+                acc = tl.dot(a, b.T, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b.T, acc)
+        # the two column halves of the tile, one after the other
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD)
+        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
+
+
+@triton.jit
+def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
+    """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward), or dpre (backward)."""
+    if BACKWARD:
+        pre = aux_desc.load([row, col]).to(tl.float32)
+        c_desc.store([row, col], (part * (2.0 * tl.maximum(pre, 0.0))).to(c_desc.dtype))
+    else:
+        pre = part.to(c_desc.dtype)
+        c_desc.store([row, col], pre)
+        r = tl.maximum(pre.to(tl.float32), 0.0)
+        aux_desc.store([row, col], (r * r).to(aux_desc.dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------------------
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (direction, dtype size). bf16/fp16: chosen on one H200
+# (2026-11-26, `python -m benchmarks --only mlp --tune`, M = 16384: see records/2026-11-26_FusedMLP1xH200). The
+# backward's epilogue also holds pre's tile in shared memory: 4 stages of 128 x 256 x 64 no longer fit (256 KB).
+# fp32: small tiles that fit shared memory with IEEE dots (the tests' path).
+CONFIGS = {
+    ("fwd", 2): (128, 256, 64, 8, 4),
+    ("bwd", 2): (128, 256, 64, 8, 3),
+    ("fwd", 4): (64, 64, 32, 4, 2),
+    ("bwd", 4): (64, 64, 32, 4, 2),
+}
+# What the benchmark's tuning pass times, per direction (each fits an H100/H200's 227 KB of shared memory).
+TUNING_CANDIDATES = {
+    "fwd": [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
+            (256, 128, 64, 8, 3), (128, 256, 32, 8, 5)],
+    "bwd": [(128, 256, 64, 8, 2), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
+            (256, 128, 64, 8, 3), (128, 256, 32, 8, 4)],
+}
+INTERPRETER_PROGRAMS = 3  # programs of the persistent grid in Triton's interpreter: several tiles per program
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs(device, tiles, num_programs):
+    if num_programs is None:
+        if device.type == "cuda":
+            num_programs = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        else:
+            num_programs = INTERPRETER_PROGRAMS
+    return max(1, min(num_programs, tiles))
+
+
+def _tma_ready(t):
+    """t, or a contiguous copy when t's layout is not one a TMA descriptor takes (16-byte aligned base and row
+    stride, contiguous last dim)."""
+    e = t.element_size()
+    if t.stride(1) == 1 and (t.stride(0) * e) % 16 == 0 and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous()
+
+
+def _check(name, a, b, aux=None):
+    check_kernel_device(name, a.device)
+    for arg, t in (("a", a), ("w", b)) + ((("pre", aux),) if aux is not None else ()):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name}: {arg} must be a 2-D tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.dtype != a.dtype or t.device != a.device:
+            raise ValueError(f"{name}: {arg} is {t.dtype} on {t.device}, the first operand {a.dtype} on {a.device}")
+    if a.dtype not in DTYPES:
+        raise ValueError(f"{name}: dtype {a.dtype} is not one of {DTYPES}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"{name}: inner dims differ: {tuple(a.shape)} @ {tuple(b.shape)}^T")
+    M, N = a.shape[0], b.shape[0]
+    if aux is not None and tuple(aux.shape) != (M, N):
+        raise ValueError(f"{name}: pre must be {(M, N)}, got {tuple(aux.shape)}")
+    if (N * a.element_size()) % 16:
+        raise ValueError(f"{name}: the output's rows ({N} x {a.element_size()} bytes) must be a multiple of 16 bytes "
+                         "(TMA)")
+    if (a.shape[1] * a.element_size()) % 16:
+        raise ValueError(f"{name}: the inner dim ({a.shape[1]} x {a.element_size()} bytes) must be a multiple of 16 "
+                         "bytes (TMA)")
+
+
+def _check_out(name, shape, like, **outs):
+    for arg, t in outs.items():
+        if (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != like.dtype
+                or t.device != like.device or not t.is_contiguous() or t.data_ptr() % 16):
+            raise ValueError(f"{name}: out {arg} must be a contiguous, 16-byte aligned {shape} {like.dtype} tensor on "
+                             f"{like.device}")
+
+
+def _launch(a, b, c, aux, backward, config, num_programs):
+    M, K = a.shape
+    N = b.shape[0]
+    if M == 0 or N == 0:
+        return
+    if K == 0:  # an empty sum: pre = 0, act = 0, dpre = 0
+        c.zero_()
+        if not backward:
+            aux.zero_()
+        return
+    bm, bn, bk, warps, stages = config or CONFIGS[("bwd" if backward else "fwd", min(a.element_size(), 4))]
+    half = bn // 2
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    progs = _programs(a.device, tiles, num_programs)
+    _linear_relu2_kernel[(progs,)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+        TensorDescriptor.from_tensor(c, [bm, half]), TensorDescriptor.from_tensor(aux, [bm, half]),
+        M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, BACKWARD=backward,
+        IEEE=a.dtype == torch.float32, num_warps=warps, num_stages=stages)
+
+
+def linear_relu2(x, w, *, out=None, config=None, num_programs=None):
+    """(pre, act): x (M, K) @ w (N, K)^T and relu(pre)^2, each (M, N) contiguous in x's dtype. out: a (pre, act)
+    pair to write (contiguous, x's dtype and device; the tests pass NaN-filled ones). config: (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_warps, num_stages), default CONFIGS; num_programs: the persistent grid's size (default: the SM
+    count, or INTERPRETER_PROGRAMS in Triton's interpreter)."""
+    _check("linear_relu2", x, w)
+    shape = (x.shape[0], w.shape[0])
+    pre, act = out if out is not None else (torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(2))
+    _check_out("linear_relu2", shape, x, pre=pre, act=act)
+    _launch(_tma_ready(x), _tma_ready(w), pre, act, False, config, num_programs)
+    return pre, act
+
+
+def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
+    """dpre (M, N) contiguous = (g (M, K) @ w2 (N, K)^T) * 2 relu(pre (M, N)), rounded once. out: the dpre tensor
+    to write; config and num_programs as in linear_relu2."""
+    _check("linear_relu2_bwd", g, w2, pre)
+    shape = (g.shape[0], w2.shape[0])
+    dpre = out if out is not None else torch.empty(shape, dtype=g.dtype, device=g.device)
+    _check_out("linear_relu2_bwd", shape, g, dpre=dpre)
+    _launch(_tma_ready(g), _tma_ready(w2), dpre, _tma_ready(pre), True, config, num_programs)
+    return dpre
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd (custom ops, traceable by torch.compile)
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("speedrun::linear_relu2", mutates_args=())
+def _linear_relu2_op(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return linear_relu2(x, w)
+
+
+@_linear_relu2_op.register_fake
+def _(x, w):
+    out = x.new_empty((x.shape[0], w.shape[0]))
+    return out, torch.empty_like(out)
+
+
+@torch.library.custom_op("speedrun::linear_relu2_bwd", mutates_args=())
+def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    return linear_relu2_bwd(g, w2, pre)
+
+
+@_linear_relu2_bwd_op.register_fake
+def _(g, w2, pre):
+    return g.new_empty((g.shape[0], w2.shape[0]))
+
+
+class _ReLU2MLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_fc, w_proj_t):
+        pre, act = _linear_relu2_op(x, w_fc)
+        ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
+        return act @ w_proj_t
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
+        dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
+        return dpre @ w_fc, dpre.T @ x, act.T @ dy
+
+
+def relu2_mlp(x, w_fc, w_proj_t):
+    """relu(x @ w_fc^T)^2 @ w_proj_t, x (M, C), w_fc and w_proj_t (H, C), differentiable in all three: the
+    up-projection and ReLU² in linear_relu2 (forward) and linear_relu2_bwd (backward), the other matmuls in
+    torch (cuBLAS)."""
+    return _ReLU2MLP.apply(x, w_fc, w_proj_t)

@@ -1,0 +1,223 @@
+"""Tests for kernels/mlp.py: the up-projection with ReLU² in its epilogue, forward and backward, and the MLP's
+autograd function, against a float64 specification written here again:
+
+    pre[m, n]  = sum_k x[m, k] w[n, k]
+    act[m, n]  = max(pre[m, n], 0)^2
+    dpre[m, n] = (sum_k g[m, k] w2[n, k]) * 2 max(pre[m, n], 0)
+    mlp(x)     = act @ w_proj_t;  d x = dpre @ w_fc, d w_fc = dpre^T x, d w_proj_t = act^T dy
+
+Tolerances (tests/tolerances.py, rule 1): the kernel's error is at most twice torch's on the same inputs plus one
+unit roundoff of the terms' magnitude. For pre that magnitude is max(|x| @ |w|^T) (a dot product's rounding error
+scales with its terms). act = pre^2 carries pre's error times 2|pre| (first order), so its scale is
+max(2 |pre| (|x| @ |w|^T)); dpre's is max((|g| @ |w2|^T) 2 |relu(pre)|). Beyond the bound: act must equal
+torch's relu(pre)^2 of the kernel's own pre bit for bit, and the persistent grid must give the same bits whatever
+its size (every tile is computed the same way by whichever program takes it).
+
+Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
+the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
+"""
+import pytest
+import torch
+
+from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
+                         linear_relu2_ref, relu2_mlp)
+from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (bf16/fp16 tensor-core dots)")
+
+# (M, N, K): one row; odd M with N and K not multiples of any tile; multiples of the fp32 tile (64, 64, 32); M
+# spanning several tile rows with a partial last one. N and K are multiples of 8 (TMA's 16-byte rows in bf16).
+CPU_SHAPES = [(1, 8, 8), (37, 72, 40), (64, 128, 64), (130, 136, 72)]
+# GPU: the above, an odd M with a partial last tile in every dimension of the 128 x 256 x 64 tile, one exact
+# multiple of it, and the speedrun's stage-0 micro-step (M = 16384 tokens, 3072 x 768).
+GPU_SHAPES = CPU_SHAPES + [(1151, 200, 72), (256, 512, 128), (16384, 3072, 768)]
+SHAPES = GPU_SHAPES if HAS_CUDA else CPU_SHAPES
+LOWP = [torch.bfloat16, torch.float16]
+DTYPES = [pytest.param(d, marks=gpu_only) for d in LOWP] + [torch.float32]
+
+
+def spec_fwd(x, w):
+    """float64 (pre, act) of the specification above."""
+    pre = torch.einsum("mk,nk->mn", x.double(), w.double())
+    return pre, pre.clamp(min=0) ** 2
+
+
+def spec_bwd(g, w2, pre):
+    return torch.einsum("mk,nk->mn", g.double(), w2.double()) * 2 * pre.double().clamp(min=0)
+
+
+def inputs(M, N, K, dtype, seed=0):
+    """x shifted (mean -2.3, as a normed activation is not centred), w of scale K^-1/2: pre has both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    x = shifted_randn(M, K, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(DEVICE, dtype)
+    g = torch.randn(M, K, generator=gen).to(DEVICE, dtype)
+    w2 = (torch.randn(N, K, generator=gen) * K ** -0.5).to(DEVICE, dtype)
+    return x, w, g, w2
+
+
+def terms(a, b):
+    return (a.double().abs() @ b.double().abs().T)
+
+
+def check_forward(x, w, pre, act, tag):
+    pre64, act64 = spec_fwd(x, w)
+    pre_lp, act_lp = linear_relu2_ref(x, w)
+    t = terms(x, w)
+    assert_matches_torch(pre, pre64, pre_lp, name=f"pre {tag}", scale=t.max().item())
+    assert_matches_torch(act, act64, act_lp, name=f"act {tag}", scale=(2 * pre64.abs() * t).max().item())
+    assert torch.equal(act, torch.relu(pre).square()), f"act {tag} is not relu(pre)^2 of the kernel's pre"
+
+
+def check_backward(g, w2, pre, dpre, tag):
+    dpre64 = spec_bwd(g, w2, pre)
+    dpre_lp = linear_relu2_bwd_ref(g, w2, pre)
+    scale = (terms(g, w2) * 2 * pre.double().clamp(min=0)).max().item()
+    assert_matches_torch(dpre, dpre64, dpre_lp, name=f"dpre {tag}", scale=scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=lambda v: str(v))
+def test_forward_and_backward_match_spec(M, N, K, dtype):
+    if dtype == torch.float32 and M * N * K > 1 << 24:
+        pytest.skip("fp32 runs IEEE dots (the tests' path): the speedrun shape is checked in bf16 and fp16")
+    x, w, g, w2 = inputs(M, N, K, dtype)
+    pre, act = nan_like(x.new_empty(M, N)), nan_like(x.new_empty(M, N))
+    linear_relu2(x, w, out=(pre, act))
+    assert_all_written(pre, "pre")
+    assert_all_written(act, "act")
+    check_forward(x, w, pre, act, f"{(M, N, K)} {dtype}")
+    dpre = linear_relu2_bwd(g, w2, pre, out=nan_like(pre))
+    assert_all_written(dpre, "dpre")
+    check_backward(g, w2, pre, dpre, f"{(M, N, K)} {dtype}")
+
+
+@pytest.mark.parametrize("layout", ["row_slice", "transposed", "column_step", "unaligned_rows", "bank_row"])
+def test_strided_operands(layout):
+    """Operands as views: a slice of wider rows (16-byte aligned: read in place); a transposed view, every other
+    column of an aligned buffer and rows at an odd offset (not TMA layouts: copied); a matrix of a parameter bank
+    (the trainer's W_fc)."""
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    M, N, K = 130, 136, 72
+    x, w, g, w2 = inputs(M, N, K, dtype, seed=1)
+
+    def view(t):
+        if layout == "row_slice":
+            buf = torch.zeros(t.shape[0], t.shape[1] + 8, dtype=dtype, device=DEVICE)
+            buf[:, :t.shape[1]] = t
+            return buf[:, :t.shape[1]]
+        if layout == "transposed":
+            return t.T.contiguous().T
+        if layout == "column_step":
+            buf = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=dtype, device=DEVICE)
+            buf[:, ::2] = t
+            return buf[:, ::2]
+        if layout == "unaligned_rows":
+            buf = torch.zeros(t.shape[0], t.shape[1] + 1, dtype=dtype, device=DEVICE)
+            buf[:, 1:] = t
+            return buf[:, 1:]
+        bank = torch.stack([torch.zeros_like(t), t, torch.zeros_like(t)])
+        return bank.unbind(0)[1]
+
+    pre, act = linear_relu2(view(x), view(w))
+    ref_pre, ref_act = linear_relu2(x, w)
+    assert torch.equal(pre, ref_pre) and torch.equal(act, ref_act), f"{layout}: other bits than contiguous inputs"
+    dpre = linear_relu2_bwd(view(g), view(w2), view(pre))
+    assert torch.equal(dpre, linear_relu2_bwd(g, w2, pre)), f"{layout}: dpre differs from contiguous inputs"
+
+
+@pytest.mark.parametrize("num_programs", [1, 2, 5, 10_000])
+def test_persistent_grid_size_gives_same_bits(num_programs):
+    """1 program takes every tile, 10_000 more programs than tiles (clamped to one tile each)."""
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    M, N, K = (1151, 600, 72) if HAS_CUDA else (130, 136, 72)
+    x, w, g, w2 = inputs(M, N, K, dtype, seed=2)
+    pre, act = linear_relu2(x, w)
+    p, a = linear_relu2(x, w, num_programs=num_programs, out=(nan_like(pre), nan_like(act)))
+    assert torch.equal(p, pre) and torch.equal(a, act)
+    dpre = linear_relu2_bwd(g, w2, pre)
+    assert torch.equal(linear_relu2_bwd(g, w2, pre, num_programs=num_programs, out=nan_like(dpre)), dpre)
+
+
+def test_empty_and_zero_inner_dims():
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    x, w = torch.ones(0, 16, dtype=dtype, device=DEVICE), torch.ones(8, 16, dtype=dtype, device=DEVICE)
+    pre, act = linear_relu2(x, w)
+    assert pre.shape == (0, 8) and act.shape == (0, 8)
+    x0, w0 = torch.ones(5, 0, dtype=dtype, device=DEVICE), torch.ones(8, 0, dtype=dtype, device=DEVICE)
+    pre, act = linear_relu2(x0, w0, out=(nan_like(torch.empty(5, 8, dtype=dtype, device=DEVICE)),
+                                         nan_like(torch.empty(5, 8, dtype=dtype, device=DEVICE))))
+    assert (pre == 0).all() and (act == 0).all()
+    assert (linear_relu2_bwd(x0, w0, torch.ones(5, 8, dtype=dtype, device=DEVICE)) == 0).all()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda t: linear_relu2(t(4, 16)[0], t(8, 16)), "2-D"),
+    (lambda t: linear_relu2(t(4, 16), t(8, 24)), "inner dims differ"),
+    (lambda t: linear_relu2(t(4, 16), t(8, 16).double()), "float64"),
+    (lambda t: linear_relu2(t(4, 16).int(), t(8, 16).int()), "dtype"),
+    (lambda t: linear_relu2(t(4, 16), t(7, 16)), "multiple of 16 bytes"),
+    (lambda t: linear_relu2(t(4, 15), t(8, 15)), "multiple of 16 bytes"),
+    (lambda t: linear_relu2(t(4, 16), t(8, 16), out=(t(4, 8), t(8, 4))), "out act"),
+    (lambda t: linear_relu2_bwd(t(4, 16), t(8, 16), t(4, 9)), r"pre must be \(4, 8\)"),
+    (lambda t: linear_relu2_bwd(t(4, 16), t(8, 16), t(4, 8), out=t(8, 4).T), "out dpre"),
+])
+def test_bad_input_is_refused_with_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(lambda *s: torch.zeros(*s, device=DEVICE))
+
+
+def test_cpu_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="linear_relu2: tensors must be on a CUDA device"):
+        linear_relu2(torch.zeros(4, 16), torch.zeros(8, 16))
+
+
+@pytest.mark.parametrize("direction,config", [(d, c) for d in ("fwd", "bwd") for c in sorted(
+    set(TUNING_CANDIDATES[d]) | {v for (k, _), v in CONFIGS.items() if k == d})], ids=str)
+def test_every_config_matches_spec(direction, config):
+    """Every tile the launcher or the benchmark's tuning pass may use in that direction (on the CPU in fp32: the
+    interpreter runs any tile), on a shape with partial tiles in M, N and K."""
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    M, N, K = 300, 264, 200
+    x, w, g, w2 = inputs(M, N, K, dtype, seed=4)
+    out = (nan_like(x.new_empty(M, N)), nan_like(x.new_empty(M, N)))
+    if direction == "fwd":
+        pre, act = linear_relu2(x, w, config=config, out=out)
+        check_forward(x, w, pre, act, f"config {config}")
+    else:
+        pre, _ = linear_relu2(x, w)
+        check_backward(g, w2, pre, linear_relu2_bwd(g, w2, pre, config=config, out=out[0]), f"config {config}")
+
+
+def mlp_grads(fn, x, w_fc, w_proj_t, dy):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w_fc, w_proj_t)]
+    out = fn(*leaves)
+    return [out, *torch.autograd.grad(out, leaves, dy)]
+
+
+def spec_mlp(x, w_fc, w_proj_t):
+    pre = torch.einsum("mk,nk->mn", x, w_fc)
+    return torch.einsum("mn,nc->mc", pre.clamp(min=0) ** 2, w_proj_t)
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=gpu_only), False])
+def test_relu2_mlp_forward_and_gradients(compiled):
+    """relu2_mlp's output and its three gradients against the float64 spec (autograd of spec_mlp) and torch's
+    composite in the same dtype; compiled: inside torch.compile(fullgraph=True), as in the trainer."""
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    M, C, H = (1151, 256, 1024) if HAS_CUDA else (37, 24, 72)
+    gen = torch.Generator().manual_seed(3)
+    x = shifted_randn(M, C, generator=gen).to(DEVICE, dtype)
+    w_fc = (torch.randn(H, C, generator=gen) * C ** -0.5).to(DEVICE, dtype)
+    w_proj_t = (torch.randn(H, C, generator=gen) * H ** -0.5).to(DEVICE, dtype)
+    dy = torch.randn(M, C, generator=gen).to(DEVICE, dtype)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False) if compiled else relu2_mlp
+    got = mlp_grads(fn, x, w_fc, w_proj_t, dy)
+    ref64 = mlp_grads(spec_mlp, x.double(), w_fc.double(), w_proj_t.double(), dy.double())
+    ref_lp = mlp_grads(lambda *a: torch.relu(a[0] @ a[1].T).square() @ a[2], x, w_fc, w_proj_t, dy)
+    for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref_lp):
+        assert a.dtype == dtype and a.shape == l.shape
+        assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
