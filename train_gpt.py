@@ -78,10 +78,12 @@ the launches kept the host behind the GPU in stage 0. What changes between steps
 or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
 the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
 dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
-kernels over the documents, a sliding window, no templates to compile), the FP8 head + loss, and the bf16
-head's CE kernel. The warmup compiles every shape before the clock starts; its log lines and --compile-cache:
-compilation.py. The inputs of every call, training, validation, evaluation and sampling, come from one function
-(`model_inputs`); evaluation and sampling run the same layers eagerly (no compilation).
+kernels over the documents, a sliding window, no templates to compile), the MLP's up-projection with its
+ReLU² (kernels.mlp, --fused-mlp: one Triton matmul per direction, the activation or its derivative in the
+epilogue; the log's `mlp:` line says which path ran), the FP8 head + loss, and the bf16 head's CE kernel. The
+warmup compiles every shape before the clock starts; its log lines and --compile-cache: compilation.py. The
+inputs of every call, training, validation, evaluation and sampling, come from one function (`model_inputs`);
+evaluation and sampling run the same layers eagerly (no compilation).
 
 Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
 fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
@@ -145,6 +147,7 @@ from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import keep_freed_memory
+from kernels.mlp import relu2_mlp
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
@@ -233,6 +236,8 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # the same kernels as --no-cpp-wrapper; a faster stage 0, a longer cold compile: records/2026-11-26_StepTime1xH200
     cpp_wrapper: bool = True  # the compiled training step launches its kernels from C++ (the same kernels)
+    # CUDA, bf16/fp16 matrices (kernels/mlp.py); stage 0 218.0 vs 252.0 ms/step: records/2026-11-26_FusedMLP1xH200
+    fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
     stages: tuple = dataclasses.field(default_factory=lambda: STAGES)  # batch / window / lr stages
@@ -769,6 +774,13 @@ def mlp_sublayer(x, w_fc, w_proj_t):
     return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
 
 
+def fused_mlp_sublayer(x, w_fc, w_proj_t):
+    """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16/fp16; --fused-mlp): the up-projection's matmul
+    computes the ReLU² in its epilogue, and in the backward multiplies by the ReLU²'s derivative in its epilogue,
+    so neither direction has an elementwise pass over the (T, mlp_dim) activation of its own."""
+    return relu2_mlp(rms_norm(x), w_fc, w_proj_t)
+
+
 def attn_residual(lane0, lane1, out, inject, resid, post):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
@@ -925,10 +937,11 @@ def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=No
     return e, ves, big
 
 
-def make_layers(hp, attend):
+def make_layers(hp, attend, mlp=mlp_sublayer):
     """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
-    one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device."""
+    one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
+    function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer)."""
     attn = make_attn_sublayer(hp, attend)
     paired = hp.paired_layers
 
@@ -983,7 +996,7 @@ def make_layers(hp, attend):
                 lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
             if i == hp.skip_from:
                 skip = lane0
-            out = mlp_sublayer(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
+            out = mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
             lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
             if i == hp.backout_layer:
                 back = lane0
@@ -1009,6 +1022,7 @@ class ModelFns:
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
     embed_accs: bool = False  # training lookups add into the optimizer's accumulators (hp.embed_grad_to_acc, CUDA)
     embed_path: str = ""  # where the embedding tables' gradients go (logged)
+    mlp_path: str = ""  # which MLP sublayer runs, and why (logged)
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
@@ -1018,9 +1032,10 @@ def build_fns(hp, device, compile_model, attention="auto"):
     documents is a dynamic dimension): the whole stack of layers and the head with its loss, so that a
     micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
     residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
-    are opaque custom ops inside it (no Triton templates to compile). The loss uses the Triton cross-entropy
-    kernel on CUDA and its PyTorch reference on the CPU. The FP8 head is chosen here, once: hp.fp8_head and
-    fp8_head_support(device), else the same matmul in the parameters' dtype (always, in val_step)."""
+    are opaque custom ops inside it (no Triton templates to compile), as is the fused MLP kernel (hp.fused_mlp on
+    CUDA with bf16/fp16 matrices). The loss uses the Triton cross-entropy kernel on CUDA and its PyTorch reference
+    on the CPU. The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul
+    in the parameters' dtype (always, in val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -1029,7 +1044,11 @@ def build_fns(hp, device, compile_model, attention="auto"):
         head_path = f"fp8 ({why}); e5m2 gradient: row kernel + transpose copy"
     else:
         head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})"
-    layers = make_layers(hp, attend)
+    fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype in ("bfloat16", "float16")
+    mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
+                + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
+                                                             f"not {device.type} {hp.param_dtype})"))
+    layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
 
     def loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, fp8)
@@ -1054,7 +1073,8 @@ def build_fns(hp, device, compile_model, attention="auto"):
     embed_path = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
                   "dense gradient, folded into the optimizer's fp32 accumulators ("
                   + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
-    return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path)
+    return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path,
+                    mlp_path=mlp_path)
 
 
 class ModelInputs(NamedTuple):
@@ -1837,6 +1857,7 @@ def train(hp, args, d, train_files, val_files, log, ckpt_dir):
     trainer = Trainer(hp, d, train_files, val_files)
     log(f"lm_head_matmul: {trainer.fns.head_path}")
     log(f"embedding_backward: {trainer.fns.embed_path}")
+    log(f"mlp: {trainer.fns.mlp_path}")
     log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
         f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
     compiling.warmup(lambda: warmup(trainer, log))

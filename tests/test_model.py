@@ -737,3 +737,37 @@ def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key
     assert len(got) == len(names) - (0 if with_ve else 2)
     for name, a, e, l in zip(names, got, ref64, ref_lp):
         assert_matches_torch(a, e, l, name=f"sublayer {name} paired={paired} key_offset={key_offset} ve={with_ve}")
+
+
+def test_fused_mlp_sublayer_matches_the_composite(device):
+    """fused_mlp_sublayer (the norm, then kernels.mlp.relu2_mlp) against the composite mlp_sublayer: the output
+    and the gradients of the lane and both matrices, in fp32 (IEEE dots in the kernel, on either device), against
+    the composite in float64 (rule 1, torch's fp32 composite as the yardstick). A fused path that skipped the norm,
+    swapped W_fc and W_proj^T or dropped a gradient is off by O(1)."""
+    gen = torch.Generator().manual_seed(5)
+    T, C, H = 37, 24, 72
+    x = torch.randn(T, C, generator=gen) - 0.3
+    w_fc = torch.randn(H, C, generator=gen) * C ** -0.5
+    w_proj_t = torch.randn(H, C, generator=gen) * H ** -0.5
+    dy = torch.randn(T, C, generator=gen)
+
+    def run(fn, dtype):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (x, w_fc, w_proj_t)]
+        out = fn(*leaves)
+        return [out, *torch.autograd.grad(out, leaves, dy.to(device, dtype))]
+
+    got = run(tg.fused_mlp_sublayer, torch.float32)
+    ref64, ref32 = run(tg.mlp_sublayer, torch.float64), run(tg.mlp_sublayer, torch.float32)
+    for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref32):
+        assert_matches_torch(a, e, l, name=f"fused mlp sublayer {name}")
+
+
+@pytest.mark.parametrize("fused,dtype,reason", [
+    (True, "bfloat16", "the fused kernel takes CUDA and bf16/fp16, not cpu bfloat16"),
+    (False, "bfloat16", "--no-fused-mlp"),
+])
+def test_build_fns_names_the_mlp_path(fused, dtype, reason):
+    """On the CPU the composite runs, and the log's `mlp:` line says why (the flag, or the device)."""
+    hp = tg.smoke_hyperparameters(fused_mlp=fused, param_dtype=dtype)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False)
+    assert fns.mlp_path == f"torch: matmul, then ReLU² ({reason})"
