@@ -9,7 +9,7 @@
 - ``kernels.mlp``: the MLP's up-projection with ReLU² in the matmul's epilogue (forward and backward).
 - ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the
-  trainer's MFU line and the benchmark's roofline.
+  trainer's MFU line and the benchmark's roofline; ``sm_count()`` for the persistent launchers.
 - ``kernels._checks``: input checks shared by the launchers.
 
 The benchmark driver and its cases live in the ``benchmarks`` package (``python -m benchmarks``), which imports

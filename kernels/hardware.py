@@ -9,8 +9,12 @@ both divide by these figures, so the two agree.
 ``git_sha()``: the commit that ran, for logs and benchmark CSVs.
 
 ``keep_freed_memory()``: the host allocator setting of the trainer's CPU runs.
+
+``sm_count(device, default)``: the streaming multiprocessors of a CUDA device (cached per device), the size the
+persistent and wave-counting launchers (kernels/polar_express.py, kernels/mlp.py) plan for.
 """
 import ctypes
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -54,3 +58,17 @@ def keep_freed_memory():
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of free heap
     except (OSError, AttributeError):
         pass
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index):
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device, default):
+    """Number of SMs of ``device`` when it is a CUDA device, else ``default`` (Triton's interpreter on the CPU)."""
+    if device.type != "cuda":
+        return default
+    import torch
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -41,14 +41,13 @@ Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-1
 then a fused pointwise kernel), backward 156.2 us against 185.4; record #74's fused kernel took 146.2 us per call
 (forward and backward together) in its profiled stage-0 step (records/2026-11-25_StepProfile1xH200).
 """
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._checks import check_kernel_device, interpreting
+from kernels._checks import check_kernel_device
+from kernels.hardware import sm_count
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -143,17 +142,9 @@ TUNING_CANDIDATES = {
 INTERPRETER_PROGRAMS = 3  # programs of the persistent grid in Triton's interpreter: several tiles per program
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index):
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _programs(device, tiles, num_programs):
     if num_programs is None:
-        if device.type == "cuda":
-            num_programs = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-        else:
-            num_programs = INTERPRETER_PROGRAMS
+        num_programs = sm_count(device, INTERPRETER_PROGRAMS)
     return max(1, min(num_programs, tiles))
 
 

@@ -70,6 +70,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_kernel_device, overlaps
+from kernels.hardware import sm_count
 from triton.compiler import CompiledKernel
 
 # (a, b, c) of p(s) = a s + b s^3 + c s^5 per iteration: Amsel et al. 2025, computed for 5 iterations,
@@ -410,15 +411,8 @@ def _as3d(t):
     return t if t.dim() == 3 else t.unsqueeze(0)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _sms(device):
-    if device.type != "cuda":
-        return _DEFAULT_SMS
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device, _DEFAULT_SMS)
 
 
 @functools.lru_cache(maxsize=None)

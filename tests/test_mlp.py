@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
-                         linear_relu2_ref, relu2_mlp)
+                         linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
 
 HAS_CUDA = torch.cuda.is_available()
@@ -217,7 +217,7 @@ def test_relu2_mlp_forward_and_gradients(compiled):
     fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False) if compiled else relu2_mlp
     got = mlp_grads(fn, x, w_fc, w_proj_t, dy)
     ref64 = mlp_grads(spec_mlp, x.double(), w_fc.double(), w_proj_t.double(), dy.double())
-    ref_lp = mlp_grads(lambda *a: torch.relu(a[0] @ a[1].T).square() @ a[2], x, w_fc, w_proj_t, dy)
+    ref_lp = mlp_grads(relu2_mlp_ref, x, w_fc, w_proj_t, dy)
     for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref_lp):
         assert a.dtype == dtype and a.shape == l.shape
         assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
