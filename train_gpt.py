@@ -1033,8 +1033,9 @@ def build_fns(hp, device, compile_model, attention="auto"):
     documents is a dynamic dimension): the whole stack of layers and the head with its loss, so that a
     micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
     residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
-    are opaque custom ops inside it (no Triton templates to compile), as is the fused MLP kernel (hp.fused_mlp on
-    CUDA with bf16/fp16 matrices). The loss uses the Triton cross-entropy kernel on CUDA and its PyTorch reference
+    are opaque custom ops inside it (no Triton templates to compile); the fused MLP kernels (hp.fused_mlp on CUDA
+    with bf16/fp16 matrices) are traced into it as user-defined Triton kernels, launched from inductor's code
+    (kernels/mlp.py says why). The loss uses the Triton cross-entropy kernel on CUDA and its PyTorch reference
     on the CPU. The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul
     in the parameters' dtype (always, in val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
@@ -1066,8 +1067,11 @@ def build_fns(hp, device, compile_model, attention="auto"):
 
     steps = [train_step, val_step]
     if compile_model:  # hp.cpp_wrapper: the training step's kernels launched from C++ (validation: not timed)
-        steps = [torch.compile(f, fullgraph=True, dynamic=False, options=opts) for f, opts in
-                 ((train_step, {"cpp_wrapper": hp.cpp_wrapper}), (val_step, None))]
+        # store_cubin: torch 2.11 sets it for a C++ wrapper's forward graph but not always for its backward one,
+        # whose code then loads no kernel, or the forward's kernel of the same name (records/TracedMLP1xH200)
+        opts = {"cpp_wrapper": True, "triton.store_cubin": True} if hp.cpp_wrapper else {"cpp_wrapper": False}
+        steps = [torch.compile(f, fullgraph=True, dynamic=False, options=o) for f, o in
+                 ((train_step, opts), (val_step, None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"

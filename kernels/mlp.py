@@ -21,30 +21,43 @@ Dtype policy: bf16 (training) and fp16 multiply on tensor cores with fp32 accumu
 IEEE fp32 dots (``input_precision="ieee"``, no TF32): that path is for the tests (the Triton interpreter on the
 CPU), not for speed. Outputs have the inputs' dtype.
 
-Kernel: ``_linear_relu2_kernel``, persistent: ``num_programs`` programs (the SM count on a GPU) walk the
-(BLOCK_M, BLOCK_N) output tiles in row-major order, so programs running together share A's row panel and all
-of B (3072 x 768 bf16 is 4.7 MB, resident in L2). Operands and outputs move through TMA tensor descriptors
-(``triton.tools.tensor_descriptor.TensorDescriptor``): loads past the edges read zeros and stores past them are
-dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two halves
-(BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA asks for
-a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is not
-(never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
+Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``),
+persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
+row-major order, so programs running together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB,
+resident in L2). Operands and outputs move through TMA tensor descriptors that each program makes on the
+device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: Triton's
+allocator in eager launches, inductor's workspace in compiled ones): loads past the edges read zeros and stores
+past them are dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two
+halves (BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA
+asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
+not (never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
 
 Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of
 every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls
 ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input
-gradients (cuBLAS). The two kernels are custom ops (``speedrun::linear_relu2``, ``speedrun::linear_relu2_bwd``)
-so torch.compile keeps them opaque inside its region.
+gradients (cuBLAS). Inside the trainer's compiled region torch.compile traces the launchers themselves (every
+check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton kernels of
+inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it
+generates. As custom ops they were a call back into Python per launch, 192 per step at stage 0 (12 layers, 8
+micro-steps, two directions), and the trainer's stage-0 step time wandered (191 to 314 ms within one run,
+records/2026-11-26_TracedMLP1xH200). Torch 2.11's C++ wrapper needs three things of them, each seen wrong on
+an H200 (records/2026-11-26_TracedMLP1xH200): plain tensor and integer arguments (a graph whose user kernel
+takes host-made ``TensorDescriptor``s failed to compile: "invalid decimal literal"); two functions, since its
+launcher keys the compiled kernel by the function's name and a graph's backward ran the forward's cubin; and
+global scratch for every program, which ``_scratch_per_program_in_cpp_wrapper`` arranges (its C++ code
+allocated one program's 512 bytes for the whole grid). The trainer's compile options add
+``triton.store_cubin``, without which a backward graph found no compiled kernel to load.
 
 Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-11-26_FusedMLP1xH200): at M =
 16384, forward 141.4 us (547 TFLOP/s) against 163.9 us for what the trainer ran before (torch.compile: cuBLAS,
 then a fused pointwise kernel), backward 156.2 us against 185.4; record #74's fused kernel took 146.2 us per call
 (forward and backward together) in its profiled stage-0 step (records/2026-11-25_StepProfile1xH200).
 """
+import inspect
+
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._checks import check_kernel_device
 from kernels.hardware import sm_count
@@ -75,20 +88,26 @@ def relu2_mlp_ref(x, w_fc, w_proj_t):
 # Kernel
 # ---------------------------------------------------------------------------------------------------------
 @triton.jit
-def _linear_relu2_kernel(
-        # TMA descriptors: A (M, K) and B (N, K) operands; C (M, N) output: pre (forward) or dpre (backward);
-        # AUX (M, N): act, written (forward), or pre, read (backward). C and AUX blocks are half a tile wide.
-        a_desc, b_desc, c_desc, aux_desc,
-        M, N, K,
+def _linear_relu2_tiles(
+        # A (M, K) and B (N, K) operands; C (M, N) output: pre (forward) or dpre (backward); AUX (M, N): act,
+        # written (forward), or pre, read (backward). Each has a unit last stride and 16-byte aligned rows.
+        a_ptr, b_ptr, c_ptr, aux_ptr,
+        M, N, K, stride_a, stride_b, stride_c, stride_aux,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr,  # programs in the grid: each takes every NUM_PROGRAMS-th tile
         BACKWARD: tl.constexpr,  # False: C = pre, AUX = relu(pre)^2; True: C = acc * 2 relu(AUX)
         IEEE: tl.constexpr,  # fp32 operands: exact fp32 dots (no TF32)
 ):
+    """The body of both kernels: this program's share of the (BLOCK_M, BLOCK_N) output tiles."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    # TMA descriptors made on the device (C and AUX blocks are half a tile wide)
+    a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [stride_c, 1], [BLOCK_M, HALF])
+    aux_desc = tl.make_tensor_descriptor(aux_ptr, [M, N], [stride_aux, 1], [BLOCK_M, HALF])
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles = tl.cdiv(M, BLOCK_M) * tiles_n
     k_steps = tl.cdiv(K, BLOCK_K)
-    HALF: tl.constexpr = BLOCK_N // 2
     for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
         row = (tile // tiles_n) * BLOCK_M
         col = (tile % tiles_n) * BLOCK_N
@@ -105,6 +124,27 @@ def _linear_relu2_kernel(
         _epilogue(left, row, col, c_desc, aux_desc, BACKWARD)
         _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
 
+
+
+# Two kernels, not one with BACKWARD as its argument: inductor's C++ launcher keys the compiled kernels it loads by
+# the function's name, and a graph's forward and backward loaded one cubin for the two directions (torch 2.11:
+# records/2026-11-26_TracedMLP1xH200).
+@triton.jit
+def _linear_relu2_fwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
+    """pre = A B^T (C) and act = relu(pre)^2 (AUX)."""
+    _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, False, IEEE)
+
+
+@triton.jit
+def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
+    """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX."""
+    _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, IEEE)
 
 @triton.jit
 def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
@@ -142,17 +182,70 @@ TUNING_CANDIDATES = {
 INTERPRETER_PROGRAMS = 3  # programs of the persistent grid in Triton's interpreter: several tiles per program
 
 
+def _scratch(size, alignment, stream):
+    """Triton's allocator for the global memory the kernel writes its TMA descriptors to (128 bytes each, per
+    program): a torch tensor on the current CUDA device, from the caching allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+
+_KERNEL_NAMES = ("_linear_relu2_fwd_kernel", "_linear_relu2_bwd_kernel")
+
+
+def _scratch_per_program_in_cpp_wrapper():
+    """Make inductor's C++ launcher (``--cpp-wrapper``) give these kernels their whole global scratch.
+
+    Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors) and its own launcher
+    allocates that times the grid; torch 2.11's C++ wrapper allocates it once, so programs 1.. would write
+    their descriptors past the end of the buffer, over whatever the caching allocator put there. Where the C++
+    wrapper does not multiply by the grid (read from its code generator: torch 2.13's does), the kernel
+    parameters inductor records for it get the scratch of all NUM_PROGRAMS programs. Called once, at import."""
+    try:
+        from torch._inductor.codecache import CudaKernelParamCache
+        from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+    except ImportError:  # no inductor: nothing launches these kernels from C++
+        return False
+    if "grid_0" in inspect.getsource(CUDADeviceOpOverrides.cpp_scratch) or getattr(CudaKernelParamCache, "_mlp_scratch_per_program", False):
+        return False
+    record = CudaKernelParamCache.set.__func__
+
+    def set_params(cls, key, params, *args, **kwargs):
+        scratch = params.get("global_scratch")
+        if scratch and key.startswith(_KERNEL_NAMES):
+            programs = (params.get("triton_meta") or {}).get("constants", {}).get("NUM_PROGRAMS")
+            if not isinstance(programs, int):
+                raise RuntimeError(f"kernels/mlp.py: inductor recorded no NUM_PROGRAMS for {key}; its global scratch "
+                                   f"({scratch} bytes per program) cannot be sized for the C++ launcher")
+            params = dict(params, global_scratch=scratch * programs)
+        return record(cls, key, params, *args, **kwargs)
+
+    CudaKernelParamCache.set = classmethod(set_params)
+    CudaKernelParamCache._mlp_scratch_per_program = True
+    return True
+
+
+_scratch_per_program_in_cpp_wrapper()
+
 def _programs(device, tiles, num_programs):
     if num_programs is None:
         num_programs = sm_count(device, INTERPRETER_PROGRAMS)
     return max(1, min(num_programs, tiles))
 
 
+def _aligned(t):
+    """Whether t's first element is 16-byte aligned. Inside torch.compile's trace there is no data pointer to
+    look at (nor a storage offset dynamo can read): there, True. The trainer's operands are fresh activations
+    and whole rows of parameter banks, aligned by the caching allocator; a view at an unaligned offset must not
+    reach this kernel from compiled code (TMA's behaviour is then undefined)."""
+    if torch.compiler.is_compiling():
+        return True
+    return t.data_ptr() % 16 == 0
+
+
 def _tma_ready(t):
     """t, or a contiguous copy when t's layout is not one a TMA descriptor takes (16-byte aligned base and row
     stride, contiguous last dim)."""
-    e = t.element_size()
-    if t.stride(1) == 1 and (t.stride(0) * e) % 16 == 0 and t.data_ptr() % 16 == 0:
+    if t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and _aligned(t):
         return t
     return t.contiguous()
 
@@ -183,7 +276,7 @@ def _check(name, a, b, aux=None):
 def _check_out(name, shape, like, **outs):
     for arg, t in outs.items():
         if (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != like.dtype
-                or t.device != like.device or not t.is_contiguous() or t.data_ptr() % 16):
+                or t.device != like.device or not t.is_contiguous() or not _aligned(t)):
             raise ValueError(f"{name}: out {arg} must be a contiguous, 16-byte aligned {shape} {like.dtype} tensor on "
                              f"{like.device}")
 
@@ -199,14 +292,14 @@ def _launch(a, b, c, aux, backward, config, num_programs):
             aux.zero_()
         return
     bm, bn, bk, warps, stages = config or CONFIGS[("bwd" if backward else "fwd", min(a.element_size(), 4))]
-    half = bn // 2
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     progs = _programs(a.device, tiles, num_programs)
-    _linear_relu2_kernel[(progs,)](
-        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
-        TensorDescriptor.from_tensor(c, [bm, half]), TensorDescriptor.from_tensor(aux, [bm, half]),
-        M, N, K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, BACKWARD=backward,
-        IEEE=a.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    if not torch.compiler.is_compiling():  # inductor brings its own scratch memory
+        triton.set_allocator(_scratch)
+    kernel = _linear_relu2_bwd_kernel if backward else _linear_relu2_fwd_kernel
+    kernel[(progs,)](a, b, c, aux, M, N, K, a.stride(0), b.stride(0), c.stride(0), aux.stride(0),
+                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, IEEE=a.dtype == torch.float32,
+                     num_warps=warps, num_stages=stages)
 
 
 def linear_relu2(x, w, *, out=None, config=None, num_programs=None):
@@ -216,7 +309,9 @@ def linear_relu2(x, w, *, out=None, config=None, num_programs=None):
     count, or INTERPRETER_PROGRAMS in Triton's interpreter)."""
     _check("linear_relu2", x, w)
     shape = (x.shape[0], w.shape[0])
-    pre, act = out if out is not None else (torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(2))
+    if out is None:
+        out = (torch.empty(shape, dtype=x.dtype, device=x.device), torch.empty(shape, dtype=x.dtype, device=x.device))
+    pre, act = out
     _check_out("linear_relu2", shape, x, pre=pre, act=act)
     _launch(_tma_ready(x), _tma_ready(w), pre, act, False, config, num_programs)
     return pre, act
@@ -234,40 +329,19 @@ def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Autograd (custom ops, traceable by torch.compile)
+# Autograd (traced by torch.compile: the kernels become user-defined Triton kernels of its graph)
 # ---------------------------------------------------------------------------------------------------------
-@torch.library.custom_op("speedrun::linear_relu2", mutates_args=())
-def _linear_relu2_op(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return linear_relu2(x, w)
-
-
-@_linear_relu2_op.register_fake
-def _(x, w):
-    out = x.new_empty((x.shape[0], w.shape[0]))
-    return out, torch.empty_like(out)
-
-
-@torch.library.custom_op("speedrun::linear_relu2_bwd", mutates_args=())
-def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    return linear_relu2_bwd(g, w2, pre)
-
-
-@_linear_relu2_bwd_op.register_fake
-def _(g, w2, pre):
-    return g.new_empty((g.shape[0], w2.shape[0]))
-
-
 class _ReLU2MLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_fc, w_proj_t):
-        pre, act = _linear_relu2_op(x, w_fc)
+        pre, act = linear_relu2(x, w_fc)
         ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
         return act @ w_proj_t
 
     @staticmethod
     def backward(ctx, dy):
         x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
-        dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
+        dpre = linear_relu2_bwd(dy, w_proj_t, pre)
         return dpre @ w_fc, dpre.T @ x, act.T @ dy
 
 

@@ -36,8 +36,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction, mangle_type
-from triton.tools.tensor_descriptor import TensorDescriptor
+from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)
 _PTR = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32",
@@ -49,8 +48,6 @@ _OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg"
 def _type_of(value):
     if isinstance(value, torch.Tensor):
         return "*" + _PTR[value.dtype]
-    if isinstance(value, TensorDescriptor):  # kernels/mlp.py's TMA operands: Triton's own name for the type
-        return mangle_type(value)
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):

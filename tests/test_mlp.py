@@ -16,6 +16,8 @@ its size (every tile is computed the same way by whichever program takes it).
 Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
 the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
 """
+import re
+
 import pytest
 import torch
 
@@ -221,3 +223,84 @@ def test_relu2_mlp_forward_and_gradients(compiled):
     for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref_lp):
         assert a.dtype == dtype and a.shape == l.shape
         assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
+
+
+@gpu_only
+def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
+    """Under torch.compile both kernel launches (forward and backward) are nodes of dynamo's graph (user-defined
+    Triton kernels), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through
+    Python per layer and micro-step."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=record)
+    fn(x.requires_grad_(), w_fc, w_proj_t)
+    targets = [str(node.target) for gm in graphs for mod in gm.modules() if isinstance(mod, torch.fx.GraphModule)
+               for node in mod.graph.nodes if node.op == "call_function"]
+    launches = [t for t in targets if "triton_kernel_wrapper" in t]
+    opaque = [t for t in targets if "linear_relu2" in t]
+    assert len(launches) == 2 and not opaque, f"kernel launches {launches}, opaque ops {opaque} in {targets}"
+
+
+# The training step's compile options in train_gpt.build_fns (--cpp-wrapper, the default).
+CPP_WRAPPER = {"cpp_wrapper": True, "triton.store_cubin": True}
+
+
+@gpu_only
+@pytest.mark.parametrize("M, dtype", [(256, torch.bfloat16), (1151, torch.float16)])
+def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
+    """Compiled as the trainer compiles its training step (inductor's C++ launcher), relu2_mlp's output and three
+    gradients are bit for bit those of the eager launches: the backward graph runs the backward kernel (torch
+    2.11 once gave it the forward's cubin), and each launch gets global scratch for all its programs (its
+    TMA descriptors: torch 2.11's C++ wrapper allocates one program's worth unless told otherwise)."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    x, w_fc, dy, w_proj_t = inputs(M, 512, 256, dtype, seed=6)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=CPP_WRAPPER)
+    got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
+    eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
+    for name, a, e in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, eager):
+        assert torch.equal(a, e), f"{name}: compiled with the C++ wrapper differs from eager (max {(a - e).abs().max()})"
+    code = "\n".join(code)
+    assert "cpp_wrapper_src" in code and "_linear_relu2_bwd_kernel" in code, "no C++ wrapper, or no backward launch"
+    programs = min(torch.cuda.get_device_properties(DEVICE).multi_processor_count,
+                   -(-M // CONFIGS[("fwd", 2)][0]) * -(-512 // CONFIGS[("fwd", 2)][1]))
+    sizes = re.findall(r"int64_t global_scratch\w*_size\[\] = \{([^}]*)\}", code)
+    assert len(sizes) >= 2, f"no global scratch allocated for the two launches: {sizes}"
+    for size in sizes:
+        assert "grid_0" in size or (int(size) % programs == 0 and int(size) >= 4 * 128 * programs), \
+            f"global scratch of {size} bytes for {programs} programs of 4 TMA descriptors"
+
+
+def test_cpp_wrapper_scratch_is_sized_for_every_program(monkeypatch):
+    """Where inductor's C++ wrapper allocates a kernel's global scratch once (not times its grid), the parameters
+    it records for the two MLP kernels carry NUM_PROGRAMS times Triton's per-program size; other kernels' are
+    untouched, and a record without NUM_PROGRAMS is an error, not a short buffer."""
+    import kernels.mlp as mlp
+    from torch._inductor.codecache import CudaKernelParamCache
+    from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+    recorded = {}
+    monkeypatch.setattr(CudaKernelParamCache, "set", classmethod(lambda cls, key, params: recorded.update({key: params})))
+    monkeypatch.setattr(CudaKernelParamCache, "_mlp_scratch_per_program", False, raising=False)
+
+    def one_program_scratch(self, idx, workspace, prefix=None):  # torch 2.11's: the size, not times the grid
+        return [f"int64_t scratch_{idx}_size[] = {{{workspace.size}}};"], f"scratch_{idx}"
+
+    monkeypatch.setattr(CUDADeviceOpOverrides, "cpp_scratch", one_program_scratch)
+    assert mlp._scratch_per_program_in_cpp_wrapper()
+    assert not mlp._scratch_per_program_in_cpp_wrapper(), "installed twice"
+    meta = {"constants": {"NUM_PROGRAMS": 132}}
+    CudaKernelParamCache.set("_linear_relu2_fwd_kernel_0", {"global_scratch": 512, "triton_meta": meta})
+    CudaKernelParamCache.set("_linear_relu2_bwd_kernel_3", {"global_scratch": 512, "triton_meta": meta})
+    CudaKernelParamCache.set("triton_poi_fused_add_0", {"global_scratch": 512, "triton_meta": meta})
+    CudaKernelParamCache.set("_linear_relu2_fwd_kernel_1", {"global_scratch": None, "triton_meta": {}})
+    assert {k: v["global_scratch"] for k, v in recorded.items()} == {
+        "_linear_relu2_fwd_kernel_0": 512 * 132, "_linear_relu2_bwd_kernel_3": 512 * 132,
+        "triton_poi_fused_add_0": 512, "_linear_relu2_fwd_kernel_1": None}
+    with pytest.raises(RuntimeError, match="no NUM_PROGRAMS for _linear_relu2_bwd_kernel_0"):
+        CudaKernelParamCache.set("_linear_relu2_bwd_kernel_0", {"global_scratch": 512, "triton_meta": {}})
