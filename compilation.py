@@ -12,6 +12,7 @@ line. ``log_compilation`` writes these after the warmup.
 processes, stamped with the versions, the GPU and the hash of the code that ran.
 """
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -25,6 +26,38 @@ import triton
 
 from run_log import source_dump
 
+
+
+def int_arrays_keyed_by_their_buffer():
+    """Backport to torch 2.11 of torch 2.13's fix to the C++ wrapper's cache of size/stride arrays.
+
+    The C++ wrapper declares each size or stride array once (``int_array_N``) and caches the name under the id of
+    the ``writeline`` bound method it was written with. A bound method is a new object at every attribute access,
+    so its id is soon reused: an array declared inside the scope of a custom op's Python call could be named
+    again at the function's top level, where it does not exist ("'int_array_37' was not declared in this scope",
+    the trainer's training step with the fused MLP traced into it, one H200, 2026-11-26). Here the key is the
+    buffer the method writes to, kept alive by the cache. Installed at import where the wrapper still keys on the
+    method (read from its source); returns whether it installed."""
+    try:
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    except ImportError:
+        return False
+    if "__self__" in inspect.getsource(CppWrapperCpu.codegen_int_array_var):
+        return False  # torch's own fix is there
+
+    def codegen_int_array_var(self, int_array, writeline, known_statically=False, graph=None):
+        cache = self.__dict__.setdefault("_int_arrays_by_buffer", {})
+        owner = getattr(writeline, "__self__", writeline)
+        key = (int_array, id(owner), known_statically, id(graph) if graph else None)
+        if key not in cache:
+            cache[key] = (self._codegen_int_array_var_impl(int_array, writeline, known_statically), owner)
+        return cache[key][0]
+
+    CppWrapperCpu.codegen_int_array_var = codegen_int_array_var
+    return True
+
+
+int_arrays_keyed_by_their_buffer()
 
 def unique_graphs():
     from torch._dynamo.utils import counters
