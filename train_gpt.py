@@ -236,8 +236,8 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # the same kernels as --no-cpp-wrapper; a faster stage 0, a longer cold compile: records/2026-11-26_StepTime1xH200
     cpp_wrapper: bool = True  # the compiled training step launches its kernels from C++ (the same kernels)
-    # CUDA, bf16/fp16 matrices (kernels/mlp.py). Stage 0 against record #74 in two pairs: 218.0 vs 252.0 ms/step
-    # (records/2026-11-26_FusedMLP1xH200); 231.0 vs 254.0, step time wandering (records/2026-11-26_TracedMLP1xH200)
+    # CUDA, bf16/fp16 matrices (kernels/mlp.py), traced into the step: stage 0 223.0 ms/step, flat (ours alone; as
+    # custom ops 231.0 vs the record's 254.0, wandering): records/2026-11-26_TracedMLP1xH200
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.

@@ -9,6 +9,7 @@ import pytest
 
 import torch
 
+import compilation
 from compilation import Compilation, CompileCache, compile_report, inductor_cache_dir, triton_cache_dir
 
 
@@ -112,3 +113,48 @@ def test_compilation_without_compiling_runs_no_warmup(tmp_path):
     assert comp.cache is None and not (tmp_path / "cc").exists()
     Compilation(False, None, d, lines.append)
     assert len(lines) == 2, "no --compile-cache: nothing to say"
+
+
+def test_int_array_names_are_keyed_by_the_buffer_they_were_written_to(monkeypatch):
+    """The backport (torch 2.11's C++ wrapper): an array declared through one buffer's writeline is named again
+    only for that buffer, however many bound-method objects reach it, and one declared inside another buffer (a
+    custom op's scope) gets a name of its own in the first; where torch keys on the buffer itself, nothing is
+    installed."""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    monkeypatch.setattr(CppWrapperCpu, "codegen_int_array_var", CppWrapperCpu.codegen_int_array_var)
+    if compilation.int_arrays_keyed_by_their_buffer():  # torch 2.11: installed once; the second call finds it
+        assert not compilation.int_arrays_keyed_by_their_buffer()
+    else:  # torch 2.13: its own fix; install the backport over a copy of 2.11's key to exercise it
+        def by_method_id(self, int_array, writeline, known_statically=False, graph=None):
+            return "2.11 keys on id(writeline)"
+        monkeypatch.setattr(CppWrapperCpu, "codegen_int_array_var", by_method_id)
+        monkeypatch.setattr(compilation.inspect, "getsource", lambda obj: "id(writeline)")
+        assert compilation.int_arrays_keyed_by_their_buffer()
+
+    class Buffer:
+        def __init__(self):
+            self.lines = []
+
+        def writeline(self, line):
+            self.lines.append(line)
+
+    declared = []
+
+    class Wrapper:
+        codegen_int_array_var = CppWrapperCpu.codegen_int_array_var
+
+        def _codegen_int_array_var_impl(self, int_array, writeline, known_statically):
+            var = f"int_array_{len(declared)}"
+            declared.append(var)
+            writeline(f"const int64_t {var}[] = {int_array};")
+            return var
+
+    w, top = Wrapper(), Buffer()
+    first = w.codegen_int_array_var("{768L, 1L}", top.writeline)
+    scope = Buffer()
+    in_scope = w.codegen_int_array_var("{3072L, 1L}", scope.writeline)
+    del scope  # its bound method's id (and the buffer's) may now be reused
+    assert w.codegen_int_array_var("{768L, 1L}", top.writeline) == first
+    again = w.codegen_int_array_var("{3072L, 1L}", top.writeline)
+    assert again != in_scope and again in "".join(top.lines), "a scoped declaration named at the top level"
+    assert w.codegen_int_array_var("{768L, 1L}", top.writeline, graph=object()) != first
