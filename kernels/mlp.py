@@ -125,7 +125,6 @@ def _linear_relu2_tiles(
         _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
 
 
-
 # Two kernels, not one with BACKWARD as its argument: inductor's C++ launcher keys the compiled kernels it loads by
 # the function's name, and a graph's forward and backward loaded one cubin for the two directions (torch 2.11:
 # records/2026-11-26_TracedMLP1xH200).
@@ -145,6 +144,7 @@ def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, st
     """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX."""
     _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                         BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, IEEE)
+
 
 @triton.jit
 def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
@@ -205,8 +205,10 @@ def _scratch_per_program_in_cpp_wrapper():
         from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
     except ImportError:  # no inductor: nothing launches these kernels from C++
         return False
-    if "grid_0" in inspect.getsource(CUDADeviceOpOverrides.cpp_scratch) or getattr(CudaKernelParamCache, "_mlp_scratch_per_program", False):
-        return False
+    if "grid_0" in inspect.getsource(CUDADeviceOpOverrides.cpp_scratch):
+        return False  # torch multiplies by the grid itself
+    if getattr(CudaKernelParamCache, "_mlp_scratch_per_program", False):
+        return False  # installed already
     record = CudaKernelParamCache.set.__func__
 
     def set_params(cls, key, params, *args, **kwargs):
@@ -225,6 +227,7 @@ def _scratch_per_program_in_cpp_wrapper():
 
 
 _scratch_per_program_in_cpp_wrapper()
+
 
 def _programs(device, tiles, num_programs):
     if num_programs is None:

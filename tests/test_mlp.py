@@ -265,7 +265,7 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
     got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
     eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
     for name, a, e in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, eager):
-        assert torch.equal(a, e), f"{name}: compiled with the C++ wrapper differs from eager (max {(a - e).abs().max()})"
+        assert torch.equal(a, e), f"{name}: the C++ wrapper's launch differs from eager (max {(a - e).abs().max()})"
     code = "\n".join(code)
     assert "cpp_wrapper_src" in code and "_linear_relu2_bwd_kernel" in code, "no C++ wrapper, or no backward launch"
     programs = min(torch.cuda.get_device_properties(DEVICE).multi_processor_count,
@@ -285,7 +285,8 @@ def test_cpp_wrapper_scratch_is_sized_for_every_program(monkeypatch):
     from torch._inductor.codecache import CudaKernelParamCache
     from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
     recorded = {}
-    monkeypatch.setattr(CudaKernelParamCache, "set", classmethod(lambda cls, key, params: recorded.update({key: params})))
+    monkeypatch.setattr(CudaKernelParamCache, "set",
+                        classmethod(lambda cls, key, params: recorded.update({key: params})))
     monkeypatch.setattr(CudaKernelParamCache, "_mlp_scratch_per_program", False, raising=False)
 
     def one_program_scratch(self, idx, workspace, prefix=None):  # torch 2.11's: the size, not times the grid
