@@ -188,7 +188,6 @@ def _scratch(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-
 _KERNEL_NAMES = ("_linear_relu2_fwd_kernel", "_linear_relu2_bwd_kernel")
 
 
