@@ -48,9 +48,10 @@ global scratch for every program, which ``_scratch_per_program_in_cpp_wrapper`` 
 allocated one program's 512 bytes for the whole grid). The trainer's compile options add
 ``triton.store_cubin``, without which a backward graph found no compiled kernel to load.
 
-Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-11-26_FusedMLP1xH200): at M =
-16384, forward 141.4 us (547 TFLOP/s) against 163.9 us for what the trainer ran before (torch.compile: cuBLAS,
-then a fused pointwise kernel), backward 156.2 us against 185.4; record #74's fused kernel took 146.2 us per call
+Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-11-26_TracedMLP1xH200 at 353d70d):
+at M = 16384, forward 146.8 us (527 TFLOP/s) against 167.1 us for what the trainer ran before (torch.compile:
+cuBLAS, then a fused pointwise kernel), backward 162.3 us against 188.6. With host-made descriptors (aa6d917,
+records/2026-11-26_FusedMLP1xH200) they took 141.4 and 156.2 us. Record #74's fused kernel took 146.2 us per call
 (forward and backward together) in its profiled stage-0 step (records/2026-11-25_StepProfile1xH200).
 """
 import inspect
