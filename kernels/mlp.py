@@ -25,10 +25,12 @@ Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body
 persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
 row-major order, so programs running together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB,
 resident in L2). Operands and outputs move through TMA tensor descriptors that each program makes on the
-device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: Triton's
-allocator in eager launches, inductor's workspace in compiled ones): loads past the edges read zeros and stores
-past them are dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two
-halves (BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA
+device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: inductor's
+workspace in compiled graphs; otherwise Triton's allocator, which the launchers set in eager calls and a caller
+running a traced graph through another backend must set, outside the compiled region, e.g.
+``triton.set_allocator(kernels.mlp._scratch)``): loads past the edges read zeros and stores past them are
+dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two halves (BLOCK_N
+/ 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA
 asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
 not (never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
 

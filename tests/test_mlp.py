@@ -237,6 +237,13 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
         return gm.forward
 
     torch._dynamo.reset()
+    # This backend runs dynamo's graph as it is: torch launches the kernels itself, through Triton's allocator for
+    # their descriptors' scratch, which only the caller can set (torch refuses set_allocator inside a compiled
+    # region; inductor brings its own scratch). Set here, not left to whichever eager launch ran before in this
+    # process: run first in a fresh one on an H200, this test failed with "no allocator was set".
+    import triton
+    import kernels.mlp as mlp
+    triton.set_allocator(mlp._scratch)
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
     fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=record)
     fn(x.requires_grad_(), w_fc, w_proj_t)
@@ -257,12 +264,16 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
     """Compiled as the trainer compiles its training step (inductor's C++ launcher), relu2_mlp's output and three
     gradients are bit for bit those of the eager launches: the backward graph runs the backward kernel (torch
     2.11 once gave it the forward's cubin), and each launch gets global scratch for all its programs (its
-    TMA descriptors: torch 2.11's C++ wrapper allocates one program's worth unless told otherwise)."""
+    TMA descriptors: torch 2.11's C++ wrapper allocates one program's worth unless told otherwise).
+    Compiled with inductor's caches off: the scratch size is written into the C++ code at generation time, which
+    the cache key does not see, so a cached graph would test whichever process generated it (on one H200 a
+    mutated copy run beside the suite failed the suite's copy of this test through the shared cache)."""
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
     x, w_fc, dy, w_proj_t = inputs(M, 512, 256, dtype, seed=6)
     fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=CPP_WRAPPER)
-    got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
     eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
     for name, a, e in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, eager):
         assert torch.equal(a, e), f"{name}: the C++ wrapper's launch differs from eager (max {(a - e).abs().max()})"
