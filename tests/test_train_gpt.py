@@ -330,9 +330,12 @@ def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
     monkeypatch.setattr(tg.torch, "compile", lambda f, **kw: calls.append((f.__name__, kw)) or f)
     tg.build_fns(dataclasses.replace(tg.smoke_hyperparameters(), cpp_wrapper=on), torch.device("cpu"),
                  compile_model=True)
-    train_options = {"cpp_wrapper": True, "triton.store_cubin": True} if on else {"cpp_wrapper": False}
+    train_options = ({"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
+                     if on else {"cpp_wrapper": False})
     assert calls == [("train_step", dict(fullgraph=True, dynamic=False, options=train_options)),
                      ("val_step", dict(fullgraph=True, dynamic=False, options=None))], calls
+    with torch._inductor.config.patch(train_options):  # each one an option of this torch's inductor
+        pass
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
