@@ -27,6 +27,13 @@ import triton
 from run_log import source_dump
 
 
+# The training step's inductor options under --cpp-wrapper (train_gpt.build_fns; tests/test_mlp.py compiles the
+# fused MLP with them). store_cubin: torch 2.11 sets it for a C++ wrapper's forward graph but not always for its
+# backward one, whose code then loads no kernel, or the forward's kernel of the same name. build_separate: the
+# launcher's C++ entry built at -O1 apart from its kernel declarations, not all in one file at -O3 (one H200's
+# cold compile of the trainer: 287 s instead of 405, steps no slower). Both: records/2026-11-26_TracedMLP1xH200.
+CPP_WRAPPER_OPTIONS = {"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
+
 
 def int_arrays_keyed_by_their_buffer():
     """Backport to torch 2.11 of torch 2.13's fix to the C++ wrapper's cache of size/stride arrays.

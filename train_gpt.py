@@ -136,7 +136,7 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from compilation import Compilation
+from compilation import CPP_WRAPPER_OPTIONS, Compilation
 from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError
 from data.shards import ShardError, check_token_ids, load_shard
@@ -1067,12 +1067,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
 
     steps = [train_step, val_step]
     if compile_model:  # hp.cpp_wrapper: the training step's kernels launched from C++ (validation: not timed)
-        # store_cubin: torch 2.11 sets it for a C++ wrapper's forward graph but not always for its backward one,
-        # whose code then loads no kernel, or the forward's kernel of the same name (records/TracedMLP1xH200).
-        # cpp_wrapper_build_separate: the launcher's C++ entry built at -O1 apart from its kernel declarations, not
-        # all at -O3: one H200's cold compile 287 s instead of 405, steps no slower (records/TracedMLP1xH200)
-        opts = ({"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
-                if hp.cpp_wrapper else {"cpp_wrapper": False})
+        opts = dict(CPP_WRAPPER_OPTIONS) if hp.cpp_wrapper else {"cpp_wrapper": False}
         steps = [torch.compile(f, fullgraph=True, dynamic=False, options=o) for f, o in
                  ((train_step, opts), (val_step, None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding

@@ -21,6 +21,7 @@ import re
 import pytest
 import torch
 
+from compilation import CPP_WRAPPER_OPTIONS
 from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
                          linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
@@ -254,10 +255,6 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
     assert len(launches) == 2 and not opaque, f"kernel launches {launches}, opaque ops {opaque} in {targets}"
 
 
-# The training step's compile options in train_gpt.build_fns (--cpp-wrapper, the default).
-CPP_WRAPPER = {"cpp_wrapper": True, "triton.store_cubin": True}
-
-
 @gpu_only
 @pytest.mark.parametrize("M, dtype", [(256, torch.bfloat16), (1151, torch.float16)])
 def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
@@ -271,7 +268,7 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
     x, w_fc, dy, w_proj_t = inputs(M, 512, 256, dtype, seed=6)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=CPP_WRAPPER)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=CPP_WRAPPER_OPTIONS)  # the training step's
     with torch._inductor.config.patch(force_disable_caches=True):
         got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
     eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
