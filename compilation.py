@@ -10,6 +10,9 @@ line. ``log_compilation`` writes these after the warmup.
 
 --compile-cache PATH (``CompileCache``, opened before anything compiles): compiled artefacts kept between
 processes, stamped with the versions, the GPU and the hash of the code that ran.
+
+``CPP_WRAPPER_OPTIONS``: the training step's inductor options under --cpp-wrapper; ``int_arrays_keyed_by_their_buffer``:
+torch 2.13's array-name cache key for that C++ launcher, backported to torch 2.11 at import.
 """
 import hashlib
 import inspect
