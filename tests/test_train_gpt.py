@@ -318,6 +318,41 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
         assert torch.equal(v, tr.initial[k]), k
 
 
+def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_path, monkeypatch):
+    """Record #74 runs gc.collect() before its clock starts; ours also freezes what survives, so that a full
+    collection during a timed step walks only the objects made since, and unfreezes at the end. Spec: cyclic
+    garbage made before the loop is gone by the first training step, the survivors are frozen then, and nothing is
+    frozen after the loop."""
+    import gc
+    import weakref
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), val_every=0)
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
+
+    class Cycle:
+        pass
+    garbage = Cycle()
+    garbage.me = garbage  # unreachable once the name is gone, but only a collection frees it
+    alive = weakref.ref(garbage)
+    del garbage
+    seen = []
+    monkeypatch.setattr(tr, "train_step", lambda step, want_loss: seen.append((alive() is None,
+                                                                              gc.get_freeze_count())))
+    monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: None)
+    monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
+    gc.unfreeze()
+    try:
+        tg.timed_loop(tr, lambda *a, **k: None, 0, 0.0, tmp_path, resumed=False)
+    finally:
+        frozen_after = gc.get_freeze_count()
+        gc.unfreeze()
+    assert len(seen) == hp.total_steps
+    assert seen[0][0], "garbage made before the loop was still alive at the first timed step"
+    assert seen[0][1] > 0, "nothing was frozen when the clock started"
+    assert frozen_after == 0, "the loop left objects frozen"
+
+
 # ----------------------------------------------------------------------------------------------------
 # Gradient accumulation
 
