@@ -149,6 +149,51 @@ def open_log(hp, args, d, train_files, val_files, run_id):
     return log
 
 
+class StepClock:
+    """When each timed training step finished on the device, and its loss: the step lines' times.
+
+    On a GPU the host runs ahead of the device, so the host's clock after launching a step says when the step
+    was queued, not when it ran: a host pause shows up as a slow step followed by a fast one although the device
+    never waited. Here Trainer.train_step(step, clock=...) calls ``queued`` at its end (an event is recorded
+    after the step's work, its loss copied into pinned memory without a sync) and ``wait`` once the next step's
+    first micro-batch is queued: the host blocks until the previous step is done and notes the time. The host
+    is then at most about one step ahead, and while it waits the device has that micro-batch to run. A step's time is its finish minus the previous step's (or the
+    clock's start). On the CPU a step is done when train_step returns. ``finished`` hands over
+    [(step, perf_counter seconds, loss or None)] in step order, each once.
+    event: the event type (torch.cuda.Event on a GPU; tests pass a stand-in); None on the CPU."""
+
+    def __init__(self, device, event=None):
+        self.event = torch.cuda.Event if event is None and device.type == "cuda" else event
+        self._loss = torch.zeros((), dtype=torch.float32, pin_memory=device.type == "cuda")  # the last loss
+        self._last = None  # (step, event, has a loss) of the step queued last, not yet seen done
+        self._done = []
+
+    def queued(self, step, loss=None):
+        """Step ``step`` is fully queued; loss: its 0-d loss tensor, or None."""
+        self.wait()  # a step queued before the previous one was waited for: that one first (and its loss read)
+        if loss is not None:
+            self._loss.copy_(loss.detach(), non_blocking=self.event is not None)
+        if self.event is None:
+            self._done.append((step, time.perf_counter(), None if loss is None else self._loss.item()))
+            return
+        ev = self.event()
+        ev.record()
+        self._last = (step, ev, loss is not None)
+
+    def wait(self):
+        """Block until the step queued last has finished on the device; notes when, and reads its loss."""
+        if self._last is None:
+            return
+        step, ev, has_loss = self._last
+        self._last = None
+        ev.synchronize()
+        self._done.append((step, time.perf_counter(), self._loss.item() if has_loss else None))
+
+    def finished(self):
+        out, self._done = self._done, []
+        return out
+
+
 def log_summary(log, d, tokens, train_ms, stage_ms, matmul_weights):
     """The footer: peak memory (CUDA), tokens/s per GPU (``tokens``: what the timed steps trained on, all ranks),
     MFU (6 FLOPs per matmul weight per token, forward + backward; ``matmul_weights``: the model's, per token)

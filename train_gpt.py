@@ -154,7 +154,7 @@ from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
-from run_log import check_run_id, log_summary, new_run_id, open_log, resolve_files
+from run_log import StepClock, check_run_id, log_summary, new_run_id, open_log, resolve_files
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -230,7 +230,7 @@ class Hyperparameters:
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
     val_every: int = 250  # steps between validations (0: only at the end)
     save_every: int = 0  # steps between checkpoints (0: only at the end)
-    log_train_loss: bool = False  # add train_loss to step lines (a host sync per step)
+    log_train_loss: bool = False  # add train_loss to step lines (read when the step is seen done: no extra sync)
     hellaswag_every: int = 0  # steps between HellaSwag evaluations in training, clock stopped (0: none)
     hellaswag_file: str = "data/hellaswag/hellaswag_val.jsonl"  # HellaSwag jsonl (python data/hellaswag.py)
     hellaswag_limit: int = 0  # evaluate only the first N HellaSwag examples (0: all)
@@ -1695,7 +1695,10 @@ class Trainer:
         self.opt.reset()
         self.loader.rewind(0)
 
-    def train_step(self, step, want_loss):
+    def train_step(self, step, want_loss, clock=None):
+        """One optimizer step over this rank's micro-batches. Returns the global batch's mean loss (a float) if
+        want_loss, else None. clock: a run_log.StepClock (the timed loop's): the host waits for the previous step
+        once this step's first micro-batch is queued, the loss goes to the clock, and None is returned."""
         hp = self.hp
         if step == untie_step(hp) and self.opt.tied:
             self.opt.untie()
@@ -1714,13 +1717,16 @@ class Trainer:
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
+            if i == 0 and clock is not None:
+                clock.wait()  # the previous step's end, while the device runs this first micro-batch
         with torch.profiler.record_function("optimizer_step"):  # a named GPU range in --profile-steps traces
             self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
-        if want_loss:
-            if self.d.world > 1:
-                dist.all_reduce(total)
-            return total.item()
-        return None
+        if want_loss and self.d.world > 1:
+            dist.all_reduce(total)
+        if clock is not None:
+            clock.queued(step, total)
+            return None
+        return total.item() if want_loss else None
 
     @torch.no_grad()
     def validate(self, windows, max_micro=None, yarn_long=None):
@@ -1795,15 +1801,28 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
 
     @contextlib.contextmanager
     def clock_stopped():  # train_ms counts up to here (the device's queued work done); the block is not timed
-        nonlocal train_ms, t0
+        nonlocal train_ms, t0, t_prev
+        clock.wait()
+        log_finished()
         sync()
         train_ms += 1000 * (time.perf_counter() - t0)
         yield
         sync()
-        t0 = time.perf_counter()
+        t0, t_prev = time.perf_counter(), None
 
     T_total = hp.total_steps
     stage_ms = {}
+    clock = StepClock(d.device)  # a step's line and time: when the device finished it (run_log.StepClock)
+    t_prev = None  # when the step before the next finished one did (None: the clock's start)
+
+    def log_finished():
+        nonlocal t_prev
+        for s, t, loss in clock.finished():
+            approx = train_ms + 1000 * (t - t0)
+            stage_ms.setdefault(stage_at(hp, s)[0], []).append(1000 * (t - (t0 if t_prev is None else t_prev)))
+            t_prev = t
+            tail = f" train_loss:{loss:.6f}" if loss is not None else ""
+            log(f"step:{s + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (s + 1):.2f}ms{tail}")
     # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
     # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
     # (Measured on one H200, 2026-11-26: it did not remove the slow second step of our timed runs.)
@@ -1830,13 +1849,8 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
                 save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
         if last:
             break
-        t_step = time.perf_counter()
-        loss = trainer.train_step(step, hp.log_train_loss)
-        now = time.perf_counter()
-        approx = train_ms + 1000 * (now - t0)
-        stage_ms.setdefault(stage_at(hp, step)[0], []).append(1000 * (now - t_step))
-        tail = f" train_loss:{loss:.6f}" if loss is not None else ""
-        log(f"step:{step + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (step + 1):.2f}ms{tail}")
+        trainer.train_step(step, hp.log_train_loss, clock=clock)
+        log_finished()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
     trainer.loader.close()
     gc.unfreeze()
     return train_ms, stage_ms

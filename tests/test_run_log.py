@@ -1,5 +1,5 @@
 """Tests of run_log.py: the code a log copies (every imported repository module but tests and benchmarks, the
-modules beside train_gpt.py included), the header and the footer. A smoke run's log: test_train_gpt.py; a log
+modules beside train_gpt.py included), the header, the footer and the step clock. A smoke run's log: test_train_gpt.py; a log
 never overwritten and the run id's checks: test_reliability.py."""
 import os
 import sys
@@ -50,3 +50,51 @@ def test_footer_tokens_per_second_and_stage_means():
     lines.clear()
     run_log.log_summary(lines.append, tg.Dist(), tokens=0, train_ms=0.0, stage_ms={}, matmul_weights=1)
     assert lines[0] == "tokens_per_s_per_gpu: 0", "a resumed run with no step left"
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: record() and synchronize() go to a shared journal; synchronize() also
+    advances the fake clock, as a wait for the device does."""
+    journal, now = [], [0.0]
+
+    def record(self):
+        FakeEvent.journal.append(("record", self))
+
+    def synchronize(self):
+        FakeEvent.now[0] += 5.0
+        FakeEvent.journal.append(("sync", self))
+
+
+def test_step_clock_times_a_step_when_the_device_is_seen_done(monkeypatch):
+    """Spec of run_log.StepClock with events: queued(step, loss) records an event after the step's work and keeps
+    a copy of the loss (the tensor may change after); wait() blocks on that event and only then notes the time
+    and reads the loss; finished() hands each finished step over once, in step order; a step queued before the
+    previous one was waited for finishes the previous one first. Without events (the CPU) a step is finished,
+    at the time queued() is called, with its loss."""
+    FakeEvent.journal.clear()
+    FakeEvent.now[0] = 100.0
+    monkeypatch.setattr(run_log.time, "perf_counter", lambda: FakeEvent.now[0])
+    clock = run_log.StepClock(torch.device("cpu"), event=FakeEvent)
+    loss = torch.tensor(2.5)
+    clock.queued(0, loss)
+    loss.fill_(-1.0)  # the next step's loss written into the same tensor: the clock kept step 0's
+    (kind, ev0), = FakeEvent.journal
+    assert kind == "record" and clock.finished() == [], "a step is not finished before the wait"
+    clock.wait()
+    assert FakeEvent.journal[-1] == ("sync", ev0)
+    assert clock.finished() == [(0, 105.0, 2.5)], "time and loss taken after the device was seen done"
+    assert clock.finished() == []
+    clock.wait()  # nothing queued: no wait
+    assert len(FakeEvent.journal) == 2
+    clock.queued(1, torch.tensor(1.0))
+    clock.queued(2, torch.tensor(4.0))  # step 1 not waited for: finished first, with its own loss
+    clock.queued(3, None)
+    clock.wait()
+    assert clock.finished() == [(1, 110.0, 1.0), (2, 115.0, 4.0), (3, 120.0, None)]
+    assert [k for k, _ in FakeEvent.journal] == ["record", "sync"] * 4
+
+    cpu = run_log.StepClock(torch.device("cpu"))
+    cpu.queued(7, torch.tensor(3.0))
+    assert cpu.finished() == [(7, 120.0, 3.0)]
+    cpu.wait()
+    assert cpu.finished() == []

@@ -337,8 +337,8 @@ def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_pat
     alive = weakref.ref(garbage)
     del garbage
     seen = []
-    monkeypatch.setattr(tr, "train_step", lambda step, want_loss: seen.append((alive() is None,
-                                                                              gc.get_freeze_count())))
+    monkeypatch.setattr(tr, "train_step", lambda step, want_loss, clock=None: seen.append((alive() is None,
+                                                                                          gc.get_freeze_count())))
     monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: None)
     monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
     gc.unfreeze()
@@ -351,6 +351,84 @@ def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_pat
     assert seen[0][0], "garbage made before the loop was still alive at the first timed step"
     assert seen[0][1] > 0, "nothing was frozen when the clock started"
     assert frozen_after == 0, "the loop left objects frozen"
+
+
+def clock_journal(monkeypatch, hp):
+    """A CPU trainer whose forward passes and backward passes go to FakeEvent's journal (test_run_log.py), so
+    that the order of micro-batches and step-clock events can be read off it."""
+    from test_run_log import FakeEvent
+    FakeEvent.journal.clear()
+    real_forward = tg.forward
+
+    def forward(*args, **kwargs):
+        loss = real_forward(*args, **kwargs)
+        FakeEvent.journal.append(("forward", None))
+        loss.register_hook(lambda g: FakeEvent.journal.append(("backward", None)))
+        return loss
+    monkeypatch.setattr(tg, "forward", forward)
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
+    return tr, FakeEvent
+
+
+def test_train_step_waits_for_the_previous_step_once_its_first_micro_batch_is_queued(smoke_data, monkeypatch):
+    """With the timed loop's clock, train_step blocks on the previous step's end event after its own first
+    micro-batch's forward and backward are queued and before the second micro-batch's forward (so the device
+    has that micro-batch to run while the host waits), records its own end event after its last micro-batch,
+    and hands its loss to the clock: the same loss as train_step returns without a clock."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+    tr, Event = clock_journal(monkeypatch, hp)
+    clock = run_log.StepClock(torch.device("cpu"), event=Event)
+    assert tr.train_step(0, True, clock=clock) is None and tr.train_step(1, True, clock=clock) is None
+    clock.wait()
+    kinds = [k for k, _ in Event.journal]
+    one = ["forward", "backward"]
+    assert kinds == (one * tg.SLOTS + ["record"] + one + ["sync"] + one * (tg.SLOTS - 1) + ["record", "sync"]), kinds
+    records = [e for k, e in Event.journal if k == "record"]
+    assert [e for k, e in Event.journal if k == "sync"] == records, "each step's own event waited for, in order"
+    finished = clock.finished()
+    assert [s for s, _, _ in finished] == [0, 1]
+    tr.reset()
+    assert [loss for _, _, loss in finished] == [tr.train_step(0, True), tr.train_step(1, True)]
+    tr.loader.close()
+
+
+def test_timed_loop_logs_each_step_once_the_device_finished_it(smoke_data, tmp_path, monkeypatch):
+    """On a GPU a step's line is written once its end event is seen, during the next step (or at the clock's
+    stop before a validation): the lines still come in step order, the validation line of step k right after
+    step k's line, with the same train losses as the CPU's clock (a step finished when train_step returns), one
+    step time per step, and times that never go back."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), val_every=3)
+    assert hp.log_train_loss and hp.total_steps > 2 * hp.val_every
+
+    def run(event):
+        tr, _ = clock_journal(monkeypatch, hp)
+        ckpt = tmp_path / ("events" if event else "cpu")
+        monkeypatch.setattr(tg, "StepClock", lambda device: run_log.StepClock(device, event=event))
+        monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
+        lines = []
+        _, stage_ms = tg.timed_loop(tr, lambda line, **k: lines.append(line), 0, 0.0, ckpt, resumed=False)
+        return lines, stage_ms
+
+    from test_run_log import FakeEvent
+    lines, stage_ms = run(FakeEvent)
+    cpu_lines, _ = run(None)
+    steps = [re.match(r"step:(\d+)/(\d+) (\w+):", line).groups() for line in lines if line.startswith("step:")]
+    T = hp.total_steps
+    expected = [("0", str(T), "val_loss")]
+    for k in range(1, T + 1):
+        expected += [(str(k), str(T), "train_time")] + ([(str(k), str(T), "val_loss")] if
+                                                         k % hp.val_every == 0 or k == T else [])
+    assert steps == expected
+    assert sum(len(v) for v in stage_ms.values()) == T and all(x >= 0 for v in stage_ms.values() for x in v)
+    times = [float(re.search(r"train_time:(\d+)ms", line)[1]) for line in lines if "train_time" in line]
+    assert times == sorted(times)
+
+    def losses(ls):
+        return [line.split("train_loss:")[1] for line in ls if "train_loss:" in line]
+    assert len(losses(lines)) == T and losses(lines) == losses(cpu_lines)
 
 
 # ----------------------------------------------------------------------------------------------------
