@@ -157,9 +157,10 @@ class StepClock:
     never waited. Here Trainer.train_step(step, clock=...) calls ``queued`` at its end (an event is recorded
     after the step's work, its loss copied into pinned memory without a sync) and ``wait`` once the next step's
     first micro-batch is queued: the host blocks until the previous step is done and notes the time. The host
-    is then at most about one step ahead, and while it waits the device has that micro-batch to run. A step's time is its finish minus the previous step's (or the
-    clock's start). On the CPU a step is done when train_step returns. ``finished`` hands over
-    [(step, perf_counter seconds, loss or None)] in step order, each once.
+    is then at most about one step ahead, and while it waits the device has that micro-batch to run. A step's
+    time is its finish minus the previous step's (or the clock's start). On the CPU a step is done when
+    train_step returns. ``finished`` hands over [(step, perf_counter seconds, loss or None)] in step order,
+    each once.
     event: the event type (torch.cuda.Event on a GPU; tests pass a stand-in); None on the CPU."""
 
     def __init__(self, device, event=None):

@@ -1823,6 +1823,7 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
             t_prev = t
             tail = f" train_loss:{loss:.6f}" if loss is not None else ""
             log(f"step:{s + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (s + 1):.2f}ms{tail}")
+
     # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
     # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
     # (Measured on one H200, 2026-11-26: it did not remove the slow second step of our timed runs.)

@@ -1,6 +1,6 @@
 """Tests of run_log.py: the code a log copies (every imported repository module but tests and benchmarks, the
-modules beside train_gpt.py included), the header, the footer and the step clock. A smoke run's log: test_train_gpt.py; a log
-never overwritten and the run id's checks: test_reliability.py."""
+modules beside train_gpt.py included), the header, the footer and the step clock. A smoke run's log:
+test_train_gpt.py; a log never overwritten and the run id's checks: test_reliability.py."""
 import os
 import sys
 from pathlib import Path
