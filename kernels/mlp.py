@@ -46,7 +46,7 @@ records/2026-11-26_TracedMLP1xH200). Torch 2.11's C++ wrapper needs three things
 an H200 (records/2026-11-26_TracedMLP1xH200): plain tensor and integer arguments (a graph whose user kernel
 takes host-made ``TensorDescriptor``s failed to compile: "invalid decimal literal"); two functions, since its
 launcher keys the compiled kernel by the function's name and a graph's backward ran the forward's cubin; and
-global scratch for every program, which ``_scratch_per_program_in_cpp_wrapper`` arranges (its C++ code
+global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code
 allocated one program's 512 bytes for the whole grid). The trainer's compile options add
 ``triton.store_cubin``, without which a backward graph found no compiled kernel to load.
 
@@ -194,14 +194,15 @@ def _scratch(size, alignment, stream):
 _KERNEL_NAMES = ("_linear_relu2_fwd_kernel", "_linear_relu2_bwd_kernel")
 
 
-def _scratch_per_program_in_cpp_wrapper():
+def scratch_per_program_in_cpp_wrapper():
     """Make inductor's C++ launcher (``--cpp-wrapper``) give these kernels their whole global scratch.
 
     Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors) and its own launcher
     allocates that times the grid; torch 2.11's C++ wrapper allocates it once, so programs 1.. would write
     their descriptors past the end of the buffer, over whatever the caching allocator put there. Where the C++
     wrapper does not multiply by the grid (read from its code generator: torch 2.13's does), the kernel
-    parameters inductor records for it get the scratch of all NUM_PROGRAMS programs. Called once, at import."""
+    parameters inductor records for it get the scratch of all NUM_PROGRAMS programs. Installed by
+    compilation.cpp_wrapper_options (--cpp-wrapper), once."""
     try:
         from torch._inductor.codecache import CudaKernelParamCache
         from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
@@ -226,9 +227,6 @@ def _scratch_per_program_in_cpp_wrapper():
     CudaKernelParamCache.set = classmethod(set_params)
     CudaKernelParamCache._mlp_scratch_per_program = True
     return True
-
-
-_scratch_per_program_in_cpp_wrapper()
 
 
 def _programs(device, tiles, num_programs):

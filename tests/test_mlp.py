@@ -21,7 +21,7 @@ import re
 import pytest
 import torch
 
-from compilation import CPP_WRAPPER_OPTIONS
+from compilation import cpp_wrapper_options
 from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
                          linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
@@ -268,7 +268,7 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
     x, w_fc, dy, w_proj_t = inputs(M, 512, 256, dtype, seed=6)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=CPP_WRAPPER_OPTIONS)  # the training step's
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=cpp_wrapper_options())  # --cpp-wrapper's
     with torch._inductor.config.patch(force_disable_caches=True):
         got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
     eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
@@ -301,8 +301,8 @@ def test_cpp_wrapper_scratch_is_sized_for_every_program(monkeypatch):
         return [f"int64_t scratch_{idx}_size[] = {{{workspace.size}}};"], f"scratch_{idx}"
 
     monkeypatch.setattr(CUDADeviceOpOverrides, "cpp_scratch", one_program_scratch)
-    assert mlp._scratch_per_program_in_cpp_wrapper()
-    assert not mlp._scratch_per_program_in_cpp_wrapper(), "installed twice"
+    assert mlp.scratch_per_program_in_cpp_wrapper()
+    assert not mlp.scratch_per_program_in_cpp_wrapper(), "installed twice"
     meta = {"constants": {"NUM_PROGRAMS": 132}}
     CudaKernelParamCache.set("_linear_relu2_fwd_kernel_0", {"global_scratch": 512, "triton_meta": meta})
     CudaKernelParamCache.set("_linear_relu2_bwd_kernel_3", {"global_scratch": 512, "triton_meta": meta})

@@ -178,8 +178,8 @@ def gpu_runs(shared_build):
     compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
     (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
     step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
-    kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --no-cpp-wrapper, the
-    compiled step's kernels launched from Python). Subprocesses: each run is a fresh process, as a real run and a
+    kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --cpp-wrapper, the
+    compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
     real resume are. Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
@@ -214,7 +214,7 @@ def _gpu_runs(d):
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
-    other = start("other_paths", "--no-embed-grad-to-acc", "--no-cpp-wrapper")
+    other = start("other_paths", "--no-embed-grad-to-acc", "--cpp-wrapper")
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
     _finish(other, None, timeout=900)
@@ -241,18 +241,19 @@ def test_deterministic_gpu(gpu_runs):
                                          "tests/test_embedding.py checks its bits in the interpreter")
 def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     """--embed-grad-to-acc (the default: the embedding backward adds into the optimizer's accumulators) promises
-    the bits of --no-embed-grad-to-acc (the dense gradients folded by the hooks), and --cpp-wrapper (the default)
-    those of --no-cpp-wrapper: run "a" against run "other_paths" (gpu_runs, both flags off), both --deterministic, 40
-    steps across the untie and both batch-size stages: bitwise-identical train and val losses in every line, final
-    weights and optimizer state. Each ran its path: the logs name them."""
+    the bits of --no-embed-grad-to-acc (the dense gradients folded by the hooks), and --cpp-wrapper (opt-in) those
+    of Python launches (the default): run "a" against run "other_paths" (gpu_runs, the other path of each), both
+    --deterministic, 40 steps across the untie and both batch-size stages: bitwise-identical train and val losses
+    in every line, final weights and optimizer state. Each ran its path: the logs name them."""
     (text_a, sa, va, ca), (text, so, vo, co) = gpu_runs["a"], gpu_runs["other_paths"]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
-    assert not hp["embed_grad_to_acc"] and not hp["cpp_wrapper"], "the flags did not reach the run"
+    assert not hp["embed_grad_to_acc"] and hp["cpp_wrapper"], "the flags did not reach the run"
+    assert "compile_options: train_step inductor options" in text, "the C++ launcher's options are not logged"
     assert "embedding_backward: added into the optimizer's fp32 accumulators" in text_a, "no accumulate mode"
     assert "embedding_backward: dense gradient, folded" in text, "the dense fold did not run"
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
-    assert so == sa and vo == va, "loss lines differ with --no-embed-grad-to-acc --no-cpp-wrapper"
-    _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --no-cpp-wrapper")
+    assert so == sa and vo == va, "loss lines differ with --no-embed-grad-to-acc --cpp-wrapper"
+    _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
 
 
 @on_gpu_runs
@@ -437,18 +438,22 @@ def test_timed_loop_logs_each_step_once_the_device_finished_it(smoke_data, tmp_p
 
 @pytest.mark.parametrize("on", [True, False])
 def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
-    """--[no-]cpp-wrapper is inductor's cpp_wrapper option of the training step's torch.compile; validation (not
-    timed) keeps the Python wrapper and its shorter compile. Both stay one fullgraph region with static shapes."""
+    """--cpp-wrapper (opt-in) is inductor's cpp_wrapper option of the training step's torch.compile; validation (not
+    timed) keeps the Python wrapper and its shorter compile. Without it (the default) no step passes any option
+    beyond record #74's (fullgraph, static shapes). The log line names which."""
+    assert tg.Hyperparameters().cpp_wrapper is False, "the default must pass no compile option beyond record #74's"
     calls = []
     monkeypatch.setattr(tg.torch, "compile", lambda f, **kw: calls.append((f.__name__, kw)) or f)
-    tg.build_fns(dataclasses.replace(tg.smoke_hyperparameters(), cpp_wrapper=on), torch.device("cpu"),
-                 compile_model=True)
+    fns = tg.build_fns(dataclasses.replace(tg.smoke_hyperparameters(), cpp_wrapper=on), torch.device("cpu"),
+                       compile_model=True)
     train_options = ({"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
-                     if on else {"cpp_wrapper": False})
+                     if on else None)  # the default: record #74's options only (the public rules allow no others)
     assert calls == [("train_step", dict(fullgraph=True, dynamic=False, options=train_options)),
                      ("val_step", dict(fullgraph=True, dynamic=False, options=None))], calls
-    with torch._inductor.config.patch(train_options):  # each one an option of this torch's inductor
-        pass
+    assert ("--cpp-wrapper: opt-in" in fns.compile_path) == on and ("record #74's" in fns.compile_path) != on
+    if on:
+        with torch._inductor.config.patch(train_options):  # each one an option of this torch's inductor
+            pass
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
