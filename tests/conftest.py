@@ -30,10 +30,19 @@ _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
 if _WORKERS > 1:
     # before torch: inductor reads its compile-worker count when it is first imported
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(_THREADS))
+# Several GPUs: xdist worker gwN takes GPU N mod their number (the controller lists them in TEST_GPUS before it
+# starts the workers), set before torch so that CUDA sees one card; the tests' own subprocesses inherit it.
+_GPUS = [g for g in os.environ.get("TEST_GPUS", "").split(",") if g]
+if _GPUS and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = _GPUS[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_GPUS)]
 
 import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
+if HAS_CUDA and not os.environ.get("PYTEST_XDIST_WORKER") and "TEST_GPUS" not in os.environ:
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    os.environ["TEST_GPUS"] = ",".join(visible or map(str, range(torch.cuda.device_count())))
+    _GPUS = os.environ["TEST_GPUS"].split(",")
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if _WORKERS > 1:
@@ -45,15 +54,15 @@ _CACHED_LIMIT = 4 << 30
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: on a GPU machine at most 8 workers and 2 CPU cores each (Triton and inductor compile on the
-    CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core from 4 cores on,
-    and none below (one process, as CI's 2 cores: the whole suite took 174 s there with 2 workers against 178 s in
-    one process, 2026-11-25, and each worker builds the smoke runs again). PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    """``-n auto``: on a GPU machine at most 8 workers per GPU and 2 CPU cores each (Triton and inductor compile on
+    the CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core from 4 cores
+    on, and none below (one process, as CI's 2 cores: 2 workers there were no faster than one process, and each
+    worker builds the smoke runs again). PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cpus = os.cpu_count() or 1
     if HAS_CUDA:
-        return max(1, min(8, cpus // 2))
+        return max(1, min(8 * max(1, len(_GPUS)), cpus // 2))
     return cpus if cpus >= 4 else 0
 
 
