@@ -45,10 +45,10 @@ def int_arrays_keyed_by_their_buffer():
     The C++ wrapper declares each size or stride array once (``int_array_N``) and caches the name under the id of
     the ``writeline`` bound method it was written with. A bound method is a new object at every attribute access,
     so its id is soon reused: an array declared inside the scope of a custom op's Python call could be named
-    again at the function's top level, where it does not exist ("'int_array_37' was not declared in this scope",
-    the trainer's training step with the fused MLP traced into it, one H200, 2026-11-26). Here the key is the
-    buffer the method writes to, kept alive by the cache. Installed at import where the wrapper still keys on the
-    method (read from its source); returns whether it installed."""
+    again at the function's top level, where it does not exist (a C++ compile error such as "'int_array_37' was
+    not declared in this scope" in a training step with the fused MLP traced into it). Here the key is the buffer
+    the method writes to, kept alive by the cache. ``cpp_wrapper_options`` installs it where the wrapper still
+    keys on the method (read from its source); returns whether it installed."""
     try:
         from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
     except ImportError:

@@ -10,12 +10,12 @@ run out of memory on an 80 GB GPU; the harness then reports it as failed.
 FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GPU):
   * ``softcapped_ce_bwd_e5m2`` (K=3 and K=1): the backward that writes the e5m2 gradient g8 (N, V), then its
     transpose g8t (V, N) (kernels.transpose). Bytes N*V*2 read + N*V written by the row kernel, N*V read and
-    written by the transpose (12.4 GB at N=49152). Baseline "torch": the trainer's path before it, our bf16
-    backward, then ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()`` eagerly.
+    written by the transpose (12.4 GB at N=49152). Baseline "torch": the unfused path, our bf16 backward, then
+    ``(g / scale).to(torch.float8_e5m2)`` and ``.T.contiguous()`` eagerly.
   * ``fp8_head_bwd`` (K=3, C=768): the whole backward of the FP8 LM head, the e5m2 kernel then
     dx = g8 @ w8^T and dW = x8^T @ g8t with ``torch._scaled_mm`` (w8 (C, V) and x8 (N, C) e4m3, bf16 outputs).
     FLOPs 2*2*N*C*V; bytes the minimum of a fused design: logits, x8, w8 read, dx, dW written. Baseline
-    "old_path": bf16 backward, eager cast, eager transposed copy, the same two matmuls. The driver's matmul
+    "unfused": bf16 backward, eager cast, eager transposed copy, the same two matmuls. The driver's matmul
     ceiling is the bf16 one; FP8 matmuls run about twice as fast on Hopper, so "% of roofline" here may
     approach 200%.
 """
@@ -124,9 +124,9 @@ def _fp8_head_fn(grad, x, stats, targets, weights, x8, w8, g8, g8t, grad_s):
     return run
 
 
-def _fp8_head_old_fn(grad, x, stats, targets, weights, x8, w8, dlogits, grad_s):
-    """The FP8 head backward fp8_head_ce_bwd replaced: bf16 dlogits, eager divide-and-cast, eager transposed
-    copy for the second operand, the same two matmuls."""
+def _fp8_head_unfused_fn(grad, x, stats, targets, weights, x8, w8, dlogits, grad_s):
+    """The FP8 head backward without the e5m2 kernel: bf16 dlogits, eager divide-and-cast, eager transposed copy
+    for the second operand, the same two matmuls."""
     one = torch.ones((), dtype=torch.float32, device=x.device)
     s_g, s_w, s_x = one * grad_s, one * FP8_W_S, one * FP8_X_S
 
@@ -184,14 +184,14 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
         cases.append(dict(op="fp8_head_bwd", shape=f"{N}x{V} C={C} K=3", dtype="bf16/fp8",
                           fn=_fp8_head_fn(grad, xn, stats, tn, w3, x8, w8, g8, g8t, grad_s),
                           bytes=head_bytes, flops=2 * 2 * N * C * V,
-                          baselines={"old_path": _fp8_head_old_fn(grad, xn, stats, tn, w3, x8, w8, dn, grad_s)},
+                          baselines={"unfused": _fp8_head_unfused_fn(grad, xn, stats, tn, w3, x8, w8, dn, grad_s)},
                           check=(lambda: _check_fp8_head(device)) if N == row_counts[0] else None))
     return cases
 
 
 def bench_cases(device, tune=False):
     N, V = 49152, 50304
-    # drawn on the device: 2.5G values drawn on the CPU took ~20 s (the values do not change the cost)
+    # drawn on the device: drawing 2.5G values on the CPU takes tens of seconds (the values do not change the cost)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(N, V, generator=gen, device=device, dtype=torch.bfloat16).mul_(4).sub_(2.3)
     targets = torch.randint(0, V, (N,), generator=gen, device=device)

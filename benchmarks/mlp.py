@@ -1,9 +1,8 @@
 """Benchmark cases for kernels.mlp: the MLP's up-projection with ReLU² at the speedrun's micro-step sizes.
 
-Baselines: what the trainer ran before (``torch.compile`` of the composite: cuBLAS's matmul, then one fused
-pointwise kernel for ReLU² or its derivative) and eager torch (the matmul, then two or three elementwise
-kernels). Record #74's fused kernel took 146.2 us per call at M = 16384 (profiled stage-0 step,
-records/2026-11-25_StepProfile1xH200; forward and backward calls together).
+Baselines: ``torch.compile`` of the composite (cuBLAS's matmul, then one fused pointwise kernel for ReLU² or
+its derivative: the trainer's path under --no-fused-mlp) and eager torch (the matmul, then two or three
+elementwise kernels). Record #74's fused kernel, for comparison: notes/measurements.md.
 FLOPs: 2 M N K. Bytes (each input read once, each output written once): forward x, w, pre, act; backward
 g, w2, pre, dpre.
 """

@@ -1,4 +1,5 @@
-"""Benchmark cases for kernels.normuon: the world-size-1 Muon shards, against the eager code path it replaced."""
+"""Benchmark cases for kernels.normuon: the world-size-1 Muon shards, against the eager reference
+(``normuon_update_ref``)."""
 import torch
 
 from kernels.normuon import TUNING_CANDIDATES, normuon_update, normuon_update_ref

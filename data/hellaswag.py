@@ -3,10 +3,9 @@
     python data/hellaswag.py                 # -> data/hellaswag/hellaswag_val.jsonl (10,042 examples)
     python data/hellaswag.py --dir /scratch/hellaswag
 
-Source: ``data/hellaswag_val.jsonl`` of the dataset authors' repository github.com/rowanz/hellaswag, read from
-commit 6774d74 (the initial commit; the file has not changed since), so the bytes are fixed: the download is
-checked against the file's git blob id (sha1 of ``b"blob <size>\\0" + content``), its line count and the
-fields of every line.
+Source: ``data/hellaswag_val.jsonl`` of the dataset authors' repository github.com/rowanz/hellaswag, read at
+the pinned commit ``COMMIT``, so the bytes are fixed: the download is checked against the file's git blob id
+(sha1 of ``b"blob <size>\\0" + content``), its line count and the fields of every line.
 
 Behaviour: a file already present and valid is skipped. A download goes to ``hellaswag_val.jsonl.part`` and
 is renamed only once verified; an interrupted download keeps the ``.part`` file and the next run asks the

@@ -8,8 +8,9 @@
 - ``kernels.adam``: fused AdamW with fp32 master weights.
 - ``kernels.mlp``: the MLP's up-projection with ReLU² in the matmul's epilogue (forward and backward).
 - ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
-- ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by the
-  trainer's MFU line and the benchmark's roofline; ``sm_count()`` for the persistent launchers.
+- ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by ``run_log.py``
+  (the log's header and MFU line) and the benchmark driver (its roofline and CSV); ``keep_freed_memory()`` for the
+  trainer's CPU runs; ``sm_count()`` for the persistent launchers.
 - ``kernels._checks``: input checks shared by the launchers.
 
 The benchmark driver and its cases live in the ``benchmarks`` package (``python -m benchmarks``), which imports

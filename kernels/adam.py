@@ -53,9 +53,8 @@ import triton.language as tl
 from kernels._checks import check_kernel_device
 
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# (BLOCK, num_warps), tuned on one H200 (2026-11-22, `python -m benchmarks --only adam --tune`, 24M bf16
-# elements with fp32 master): (1024, 4) 188.6 us (86.9% of the 28 B/element roofline; 185.9 us graph-replayed),
-# against 196.6 for (2048, 8), 193.5 for (8192, 16) and 248.2 for the first default (4096, 8).
+# (BLOCK, num_warps), tuned on one H200 (`python -m benchmarks --only adam --tune`, 24M bf16 elements with fp32
+# master; the candidates' times are in notes/measurements.md).
 DEFAULT_CONFIG = (1024, 4)
 TUNING_CANDIDATES = [(1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)]
 # The per-tensor hyperparameter table (when groups differ) has 7 fp32 columns: decay, w1, beta2, w2, bc2_sqrt,

@@ -93,9 +93,9 @@ PIECE = 64
 
 # Launch configuration: rows (segments) per program, channels per program, loop unrolling (gathers in flight
 # per segment), warps. Picked because ptxas (sm_90a) reports 110 registers and no spills for it, against 168
-# and spills for ROWS=16, BLOCK_C=128. Measured on one H200 (2026-11-22, `python -m benchmarks --only
-# embedding --tune`, N=49152, C=768, V=50304, bf16 out, graph-replayed): 81.3 us on uniform ids and 121.4 us on
-# Zipf ids; ROWS=16, BLOCK_C=256, UNROLL=4 was faster on uniform ids (76.3) and slower on Zipf ids (129.4).
+# and spills for ROWS=16, BLOCK_C=128. Tuned on one H200 (`python -m benchmarks --only embedding --tune`,
+# N=49152, C=768, V=50304, bf16 out): the fastest candidate on Zipf-distributed ids, those of real text (a
+# candidate with more rows per program is faster on uniform ids only; times in notes/measurements.md).
 DEFAULT_CONFIG = dict(ROWS=8, BLOCK_C=256, UNROLL=8, num_warps=4)
 # Under TRITON_INTERPRET=1 (CPU) the cost is per program, so the default uses 8x more rows per program: about
 # 10x faster in the interpreter, with the same bits (the summation order depends on the ids and PIECE only).

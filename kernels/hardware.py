@@ -1,14 +1,14 @@
-"""Facts about the machine and the code being measured, shared by ``train_gpt.py`` and the benchmark
-driver (``benchmarks/__main__.py``).
+"""Facts about the machine and the code being measured, shared by the run's log (``run_log.py``), the benchmark
+driver (``benchmarks/__main__.py``), the trainer and the kernels' launchers.
 
 ``CEILINGS``: per GPU, the memory bandwidth (bytes/s, read + write counted) and dense bf16 matmul rate
-(FLOP/s) measured on the lent machines (a device-to-device copy and a large bf16 matmul; those runs' notes are
-not in this repository), not the datasheet peaks. The benchmark's roofline column and the trainer's MFU line
-both divide by these figures, so the two agree.
+(FLOP/s) measured with a device-to-device copy and a large bf16 matmul, not the datasheet peaks. The
+benchmark's roofline column and the log's MFU line (``run_log.py``) both divide by these figures, so the two
+agree.
 
-``git_sha()``: the commit that ran, for logs and benchmark CSVs.
+``git_sha()``: the commit that ran, for the log's header (``run_log.py``) and benchmark CSVs.
 
-``keep_freed_memory()``: the host allocator setting of the trainer's CPU runs.
+``keep_freed_memory()``: the host allocator setting of the trainer's CPU runs (``train_gpt.py``).
 
 ``sm_count(device, default)``: the streaming multiprocessors of a CUDA device (cached per device), the size the
 persistent and wave-counting launchers (kernels/polar_express.py, kernels/mlp.py) plan for.
@@ -51,7 +51,7 @@ def keep_freed_memory():
     """CPU runs: make glibc's malloc keep freed memory for reuse instead of returning it to the system. The model
     allocates and frees tensors of tens of MB per micro-step (logits over 50304 columns); by default glibc maps
     each afresh (mmap above 32 MB, trim after free) and every page faults again (the system time this costs:
-    records/README.md, "Measurements behind the code"). No effect where glibc is not the allocator."""
+    notes/measurements.md). No effect where glibc is not the allocator."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-4, 0)  # M_MMAP_MAX: serve large blocks from the heap as well

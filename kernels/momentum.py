@@ -56,9 +56,8 @@ NORM_EPS = 1e-6
 # Triton (checked with 3.9, sm_90) gives bf16 8 elements per thread and fp32 4 and converts the updated buf
 # between the two layouts through shared memory. Pass 2 takes larger chunks so that fewer programs repeat
 # the reduction of the (L2-resident) partials.
-# Tuned on one H200 (2026-11-22, `python -m benchmarks --only momentum --tune`, (3, 3072, 768) bf16):
-# (4096, 8, 8192, 8) 36.1 us, against 36.8 for (1024, 8, ...) and 73-100 us for the 2048-element/16-warp
-# configurations (the first default); the 16-elements-per-thread layout conversion did not cost measurably.
+# Tuned on one H200 (`python -m benchmarks --only momentum --tune`, (3, 3072, 768) bf16; the candidates' times
+# are in notes/measurements.md).
 _DEFAULT_CONFIG = (4096, 8, 8192, 8)
 # Candidates for the benchmark's tuning pass (the last two have 8 elements per thread in pass 1).
 TUNING_CANDIDATES = [

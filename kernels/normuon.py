@@ -44,10 +44,10 @@ V2_EPS = 1e-10  # floor of the second moment before rsqrt (an all-zero line gets
 NORM_EPS = 1e-10  # floor of ||u||_F: a zero matrix (shard padding) keeps u = 0 instead of 0 / 0
 
 # (BLOCK_L, BLOCK_A, stats warps, BLOCK, apply warps): pass 1 lines per program and elements per line per loop
-# iteration, pass 2 elements per program. First guess: 32 x 256 fp32 tiles in pass 1, 4096 elements per program in
-# pass 2 like kernels.momentum. `python -m benchmarks --only normuon --tune` on one H200 (2026-11-23,
-# records/2026-11-23_ModelParity1xH200Short/kernels_bench_normuon_adam.csv), 22x3072x768 only: this default
-# 220.0 us; candidates below 216.0, 214.9, 244.4, 259.7 us. Kept: within 2.4% of the best, the other shape untuned.
+# iteration, pass 2 elements per program: 32 x 256 fp32 tiles in pass 1, 4096 elements per program in pass 2
+# like kernels.momentum. Checked on one H200 for the 22x3072x768 shards only (`python -m benchmarks --only
+# normuon --tune`; notes/2026-11-23_ModelParity1xH200Short/kernels_bench_normuon_adam.csv): within a few percent
+# of the fastest candidate; the other shape is not tuned.
 _DEFAULT_CONFIG = (32, 256, 8, 4096, 8)
 TUNING_CANDIDATES = [
     (16, 256, 4, 4096, 8),

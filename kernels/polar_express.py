@@ -60,7 +60,7 @@ weights (5, 768, 768) (wide path) and the MLP weights (3, 3072, 768) (tall path)
 
 Speed (H200; design targets, measured by ``python -m benchmarks``): the Gram calls launch few CTAs
 (a (4, 768, 3072) X X^T has 84 upper tiles of 128 x 128 for 132 SMs), so the default tile is 64 x 64 when
-128 x 128 tiles would not fill the SMs. Launch configurations are initial choices for H100/H200, not yet
+128 x 128 tiles would not fill the SMs. Launch configurations are initial choices for H100/H200, not
 tuned on the device; ``TUNING_CANDIDATES`` are what the benchmark's tuning pass tries.
 """
 import functools
@@ -90,9 +90,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # Launch configurations: dicts of BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages. Gram kernels need square
 # tiles (BLOCK_M == BLOCK_N: a tile and its mirror have the same shape).
-# Initial choice for H100/H200, not yet tuned on the device (the first tuning run was bound by the scalar
-# mirror stores since replaced, so its numbers do not rank these tiles): 128 x 128 x 64 tiles, two
-# warpgroups, 3 stages
+# Initial choice for H100/H200, not tuned on the device: 128 x 128 x 64 tiles, two warpgroups, 3 stages
 # (96 KB of operand buffers, two CTAs fit in an SM's 228 KB) when the grid fills the SMs...
 _BIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 # ...and 64 x 64 x 64 tiles (4 warps, 4 stages, 64 KB: three CTAs per SM) when 128 x 128 tiles would leave
@@ -100,7 +98,7 @@ _BIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 # 25% less time on the busiest SM than one large tile if the small tiles keep the tensor cores as busy).
 _SMALL = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
 # The X update has rectangular output tiles: 64 x 128 when 128 x 128 would leave SMs idle.
-# Initial choice for H100/H200, not yet tuned on the device.
+# Initial choice for H100/H200, not tuned on the device.
 _GEMM_SMALL = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
 # fp32 inputs use FMA dots (exact IEEE fp32, tests only): fp32 operand buffers are twice as large, so smaller
 # tiles and 2 stages stay within shared memory. Chosen to compile on H100/H200, not for speed.
@@ -473,7 +471,7 @@ def _gemm_launch(p3, q3, c3, out3, alpha, beta, config):
 
 
 # Normalization tile: a (3, 3072, 768) batch is 432 programs of 64 x 128 (16 KB of bf16 each): enough to
-# spread a 14 MB read-and-write over the SMs. Initial choice for H100/H200, not yet tuned on the device.
+# spread a 14 MB read-and-write over the SMs. Initial choice for H100/H200, not tuned on the device.
 _NORM_BLOCK_M, _NORM_BLOCK_N, _NORM_WARPS = 64, 128, 4
 
 

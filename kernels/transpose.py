@@ -47,15 +47,14 @@ ADD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Tiles for the usual case, where src and dst are contiguous along different dimensions (a real
 # transpose), keyed by element size in bytes: (BLOCK_M, BLOCK_N, num_warps). Each tile row is at least
 # 128 bytes (one full cache line) on both sides, and a tile is 8-16 KB so that several CTAs per SM keep
-# enough bytes in flight. 2-byte entry tuned on one H200 (2026-11-22, `python -m benchmarks --only
-# transpose --tune`, bf16 768x50304: 128x128w8 42.3 us copy / 61.0 us add, against 54.9 / 63.2 us for 64x64w4);
-# the 4-byte entry is an initial choice, not yet tuned on the device.
+# enough bytes in flight. 2-byte entry tuned on one H200 (`python -m benchmarks --only transpose --tune`, bf16
+# 768x50304; times in notes/measurements.md); the 4-byte entry is an initial choice, not tuned on the device.
 # The 1-byte entry (the FP8 head's e5m2 gradient and e4m3 operands, kernels/cross_entropy.py) is an initial
-# choice: 128-byte rows on both sides, 16 KB tiles; not yet tuned.
+# choice: 128-byte rows on both sides, 16 KB tiles; not tuned.
 _TRANSPOSE_CONFIG = {1: (128, 128, 8), 2: (128, 128, 8), 4: (64, 64, 8)}
 # When src and dst are contiguous along the same dimension (e.g. dst is itself a transposed view, so the
 # operation is a plain strided copy), a long thin tile gives 512-byte runs on both sides.
-# Initial choice for H100/H200, not yet tuned on the device.
+# Initial choice for H100/H200, not tuned on the device.
 _RUN_BYTES, _RUN_ROWS, _RUN_WARPS = 512, 16, 4
 # Tile rows per program group: consecutive programs cover GROUP_M tiles down a column of tiles before
 # moving along, like the grouped ordering of Triton's matmul tutorial.

@@ -26,7 +26,7 @@ step lines; anything missing is reported as unknown (``?`` in Markdown, ``null``
   ``compile_warmup_s: S`` (with ``compile_phase:``, ``compile_cache:`` and ``compile_report:`` lines, which are
   not parsed) and, with ``--profile-steps``, per profiled stage: ``profile_stageI: steps A..B, trace ...``, then
   ``profile: N steps, wall W ms, busy B ms ...``, the kernel rows, ``  communication: busy C ms, overlapped O ms
-  (P%), exposed E ms`` (logs from 2026-11-26 on) and ``  by category: NAME T ms (P%)  NAME T ms (P%) ...``
+  (P%), exposed E ms`` (absent from older logs) and ``  by category: NAME T ms (P%)  NAME T ms (P%) ...``
   (times are totals over the N profiled steps of rank 0). After the last step line: ``peak memory allocated:
   A MiB reserved: R MiB`` (GPU runs), ``tokens_per_s_per_gpu: N``, ``mfu: P%`` and ``stage_step_avg:
   stage0:Xms stage1:Yms ...`` (the mean step time of each stage, validation excluded).

@@ -21,8 +21,8 @@ in Triton's wheel, {"instructions", "mufu", "loop_instructions", "loop_mufu"}, t
 that a branch jumps back over (a row kernel's tile loop; 0 without one). For the GPU machines' figures run it
 with their Triton (3.6; e.g. ``pip install --target DIR triton==3.6.0`` and DIR first on PYTHONPATH). Static
 counts, not times: on Hopper a scheduler issues one instruction per cycle and its special-function unit (MUFU)
-takes 8 cycles per warp instruction, so they bound a loop's cycles from below (records/README.md, "Measurements
-behind the code").
+takes 8 cycles per warp instruction, so they bound a loop's cycles from below (notes/measurements.md has the
+counts of the cross-entropy kernels).
 """
 import json
 import os
