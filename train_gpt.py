@@ -447,7 +447,7 @@ def reduce_scatter_sum(d, full):
 def all_gather_rows(d, shard, out):
     """Async gather of every rank's row shard into `out` (rows = world * shard rows); returns work or None."""
     if d.world == 1:
-        out.copy_(shard)
+        out.copy_(shard)  # returns at once when shard is out's own memory (Group.in_place)
         return None
     if d.gloo:
         parts = list(out.chunk(d.world))
@@ -1162,6 +1162,9 @@ class Group:
         self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
         self.k = self.rows_pad // d.world
         self.lo = d.rank * self.k
+        # My rows are the whole parameter (world size 1): a parameter with a master (bf16 matrices, the banks) is
+        # updated in place by the kernels (sync_shard_param).
+        self.in_place = self.k == self.rows and (self.muon or param.dtype != torch.float32)
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
                          torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
@@ -1191,8 +1194,11 @@ class Group:
 
     def sync_shard_param(self):
         """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
-        (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard."""
-        self.shard_param = self.master.to(self.param.dtype, copy=self.muon)
+        (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard. With
+        in_place it is the parameter itself, which already holds the master rounded wherever a master is set (the
+        initial parameter; at the untie the embedding, which the tied steps made the head's transpose; a
+        checkpoint's parameters): the kernels write the parameter, and the gather's copy onto itself is a no-op."""
+        self.shard_param = self.param.data if self.in_place else self.master.to(self.param.dtype, copy=self.muon)
 
     def state_tensors(self):
         keys = ("master", "mom", "v2") if self.muon else ("master", "exp_avg", "exp_avg_sq")

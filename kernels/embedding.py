@@ -67,10 +67,13 @@ background thread) it is free of GPU synchronisation; ``.pin_memory()`` and ``.t
 ship it with the batch. Without a prep, ``embedding_backward`` prepares on the ids' device: torch.sort, and a
 host synchronisation to validate the id range (``.item()``).
 
-Used by train_gpt.py through :func:`embedding` (custom ops ``speedrun::embedding_fwd``,
-``speedrun::embedding_bwd`` and ``speedrun::embedding_bwd_accumulate``, traceable by
-``torch.compile(fullgraph=True)``): on the GPU the lookups run eagerly before the compiled region, and their
-backward after its backward (on the CPU the trainer uses torch's own embedding). The forward is a plain gather.
+Used by train_gpt.py through :func:`embedding`: on the GPU the lookups run eagerly before the compiled region,
+and their backward after its backward (on the CPU the trainer uses torch's own embedding). The forward is a plain
+gather. Eagerly, :func:`embedding` is a ``torch.autograd.Function`` that calls the forward gather and the
+launchers directly; under ``torch.compile`` it traces the custom ops ``speedrun::embedding_fwd``,
+``speedrun::embedding_bwd`` and ``speedrun::embedding_bwd_accumulate`` instead (``fullgraph=True``). Both paths
+run the same kernels, so they give the same bits; the eager one skips torch.library's Python dispatch of a custom
+op, which costs host time on every call of a step that launches its work from Python.
 ``embedding(ids, weight, prep, acc=acc)`` selects the accumulate mode: the backward adds into acc and gives the
 weight no gradient. train_gpt.py passes the optimizer's accumulators on CUDA (--embed-grad-to-acc, the default;
 --no-embed-grad-to-acc gives the tables dense gradients instead).
@@ -594,6 +597,27 @@ torch.library.register_autograd("speedrun::embedding_fwd", _embedding_backward_r
                                 setup_context=_embedding_setup_context)
 
 
+class _EagerEmbedding(torch.autograd.Function):
+    """The eager lookup: the custom ops' forward and backward, called without the custom-op dispatch.
+
+    As there, acc is kept as an attribute, not saved (the in-place check would fail the next lookup into a view
+    of the same buffer), and in accumulate mode the weight gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, prep, acc):
+        ctx.save_for_backward(ids)
+        ctx.prep, ctx.acc, ctx.num_embeddings = prep, acc, weight.shape[0]
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, = ctx.saved_tensors
+        if ctx.acc is not None:
+            embedding_backward_accumulate(grad, ids, ctx.acc, prep=ctx.prep)
+            return None, None, None, None
+        return None, embedding_backward(grad, ids, ctx.num_embeddings, prep=ctx.prep), None, None
+
+
 def embedding(ids, weight, prep=None, acc=None):
     """weight[ids] (ids.shape + (C,)), whose backward is the deterministic :func:`embedding_backward`.
 
@@ -601,7 +625,8 @@ def embedding(ids, weight, prep=None, acc=None):
     backward); without it the backward prepares the ids on the device.
     acc: optional fp32 tensor of weight's shape (an optimizer's gradient accumulator, any row stride): the
     backward adds the gradient into it (:func:`embedding_backward_accumulate`: acc ends bitwise equal to
-    acc + the dense gradient) and gives weight no gradient (weight.grad stays None)."""
+    acc + the dense gradient) and gives weight no gradient (weight.grad stays None).
+    Eagerly an autograd.Function, under torch.compile the custom ops (same kernels: see the module docstring)."""
     _check_ids_dtype(ids)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f"weight must be a 2-D (num_embeddings, C) tensor, got "
@@ -613,7 +638,10 @@ def embedding(ids, weight, prep=None, acc=None):
             got = f"{acc.dtype} {tuple(acc.shape)}" if isinstance(acc, torch.Tensor) else type(acc).__name__
             raise ValueError(f"acc must be a float32 tensor of weight's shape {tuple(weight.shape)}, got {got}")
         _check_acc(acc, weight.shape[1], weight.device)
+    if prep is not None:
+        _check_prep(prep, weight.shape[0], ids.numel(), weight.device)
+    if not torch.compiler.is_compiling():
+        return _EagerEmbedding.apply(ids, weight, prep, acc)
     if prep is None:
         return _embedding_fwd_op(ids, weight, None, None, None, acc)
-    _check_prep(prep, weight.shape[0], ids.numel(), weight.device)
     return _embedding_fwd_op(ids, weight, prep.order, prep.sorted_ids, prep.row_ptr, acc)

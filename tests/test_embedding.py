@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.embedding import (DEFAULT_CONFIG, PIECE, TUNING_CANDIDATES, EmbeddingPrep, embedding,
-                               embedding_backward, embedding_backward_accumulate,
+from kernels.embedding import (DEFAULT_CONFIG, PIECE, TUNING_CANDIDATES, EmbeddingPrep, _embedding_fwd_op,
+                               embedding, embedding_backward, embedding_backward_accumulate,
                                embedding_backward_accumulate_ref, embedding_backward_ordered_ref,
                                embedding_backward_ref, prepare_ids)
 from tests.tolerances import (assert_all_written, assert_close_report, shifted_randn,
@@ -411,6 +411,38 @@ def test_embedding_autograd_accumulate_views_of_one_buffer(device):
     run(acc_w, buf.view(n, V, C).unbind(0))
     assert acc_w.grad is None
     assert torch.equal(bits(buf), bits(expected))
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["dense", "accumulate"])
+def test_eager_lookup_skips_custom_op_dispatch(accumulate, device):
+    """Eagerly, embedding() and its backward reach the kernels without torch.library's custom-op dispatch (host
+    time on every call), and give the bits of the custom ops, which torch.compile traces (called here directly,
+    as a compiled graph calls them)."""
+    C, V, N = 16, 33, 40
+    ids = make_ids("zipf", N, V).to(device)
+    prep = prepare_ids(ids.cpu(), V).to(device)
+    g = shifted_randn(N, C, dtype=torch.bfloat16, device=device)
+    w0 = shifted_randn(V, C, dtype=torch.bfloat16, device=device)
+    acc0 = shifted_randn(V, C, device=device)
+
+    def run(lookup):
+        w = w0.clone().requires_grad_()
+        acc = acc0.clone() if accumulate else None
+        y = lookup(ids, w, prep, acc)
+        y.backward(g)
+        return y, acc if accumulate else w.grad
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y, out = run(lambda i, w, p, a: embedding(i, w, p, acc=a))
+    dispatched = sorted({e.name for e in prof.events() if e.name.startswith("speedrun::")})
+    assert dispatched == [], f"eager lookup went through the custom ops {dispatched}"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y_op, out_op = run(lambda i, w, p, a: _embedding_fwd_op(i, w, p.order, p.sorted_ids, p.row_ptr, a))
+    assert "speedrun::embedding_fwd" in {e.name for e in prof.events()}  # the profiler does see a custom op
+    assert torch.equal(bits(y), bits(y_op))
+    assert torch.equal(bits(out), bits(out_op))
+    if accumulate:
+        assert torch.equal(bits(out), bits(acc0 + embedding_backward(g, ids, V).float()))
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense", "accumulate"])

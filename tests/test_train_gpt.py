@@ -767,6 +767,50 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         assert not a.groups[k].acc.any()
 
 
+def test_world_size_1_updates_the_parameters_in_place(device):
+    """At world size 1 a rank's shard is the whole parameter: the kernels write each parameter that has a master
+    (the bf16 matrices, the banks) in place, where they wrote a buffer that the gather then copied into it. The
+    specification is that copying optimizer (its shard buffers restored): the same parameters and optimizer state,
+    bit for bit, over tied steps (a slow one moves the head and, by its transpose, the embedding, whose own master
+    stays behind), a state_dict round trip (which must leave the parameters alone), the untie and untied steps;
+    after each step every parameter written in place but the tied embedding holds its master rounded."""
+    hp = tg.smoke_hyperparameters(adam_every=2)  # bf16 matrices with fp32 masters, fp32 scalars and gates
+    dev = tg.Dist(device=torch.device(device))
+    pa, pb = _perturbed_params(hp, seed=5, device=device), _perturbed_params(hp, seed=5, device=device)
+    a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
+    for g in b.groups.values():
+        g.in_place = False
+        g.sync_shard_param()
+    written = {n for n in pa if tg.PARAMS[n].matrix}
+    assert written >= {"attn_bank", "mlp_bank", "lm_head", "embed", "value_embeds", "bigram_embed"}
+    for n, g in a.groups.items():
+        shares = g.shard_param.data_ptr() == pa[n].data_ptr()
+        assert shares == (n in written), f"{n}: shard_param {'is not' if n in written else 'is'} the parameter"
+    gen = torch.Generator().manual_seed(6)
+    for step in range(4):
+        if step == 2:
+            before = {k: v.detach().clone() for k, v in pa.items()}
+            a.load_state_dict(a.state_dict())
+            for k, v in pa.items():
+                assert torch.equal(v, before[k]), f"load_state_dict changed {k}"
+            a.untie()
+            b.untie()
+        grads = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device=device, dtype=v.dtype)
+                 for k, v in pa.items()}
+        for opt, params in ((a, pa), (b, pb)):
+            _feed(opt, params, grads, params)
+            opt.step(step, 1.0, 0.9, slow=tg.slow_adam_step(hp, step))
+        for n, g in a.groups.items():
+            assert torch.equal(pa[n], pb[n]), f"{n} after step {step}"
+            for key, t in g.state_tensors().items():
+                assert torch.equal(t, b.groups[n].state_tensors()[key]), f"{n}.{key} after step {step}"
+            if n in written and not (n == "embed" and a.tied):
+                assert torch.equal(pa[n], g.master[:g.rows].to(pa[n].dtype)), f"{n} is not its master rounded"
+        if a.tied:
+            assert torch.equal(pa["embed"], pa["lm_head"].T)
+    assert not torch.equal(pa["lm_head"], before["lm_head"]) and not torch.equal(pa["embed"], before["embed"])
+
+
 def test_embedding_accs_stay_the_accumulators(device):
     """Optimizer.embedding_accs() is made once and reused every micro-step, so its views must keep pointing at
     the accumulators themselves through reset(), untie(), a step and load_state_dict() (which copies into them):
