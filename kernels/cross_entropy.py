@@ -179,10 +179,10 @@ TUNING_CANDIDATES = [
 
 # The fused kernel (_ce_fwd_grad_kernel): columns per tile, warps, and programs per SM (a persistent launch of
 # programs_per_sm * SMs programs, each looping over rows, caps the rows in flight so that pass B re-reads its row from
-# L2; 0: one program per row). An initial choice by that argument (2 x 132 rows of 150 KB of logits and e5m2
-# gradient in flight, under the H100's 50 MB of L2), not yet measured; FWD_GRAD_TUNING_CANDIDATES holds both kinds of
-# launch for `python -m benchmarks --only cross_entropy --tune`. The interpreter's: INTERPRETER_CONFIG's tile and
-# warps (the same fp32 sums as the two-kernel path there) and one program per row.
+# L2; 0: one program per row). A choice by that argument (2 x 132 rows of 150 KB of logits and e5m2 gradient in
+# flight, under the H100's 50 MB of L2), not tuned: FWD_GRAD_TUNING_CANDIDATES holds both kinds of launch for
+# `python -m benchmarks --only cross_entropy --tune`. The interpreter's: INTERPRETER_CONFIG's tile and warps (the
+# same fp32 sums as the two-kernel path there) and one program per row.
 FWD_GRAD_CONFIG = {
     torch.bfloat16: dict(BLOCK_V=2048, num_warps=8, programs_per_sm=2),
     torch.float32: dict(BLOCK_V=1024, num_warps=8, programs_per_sm=2),

@@ -1551,10 +1551,16 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
     and, where torch._scaled_mm runs, the FP8 head (bf16): both paths compute the same fp32 values when their
     kernels use one tile and warp count (the interpreter's configuration on the CPU; on a GPU the fused kernel's is
     set to the two kernels'). With an incoming gradient of 1 (the head scales the gradient its forward wrote for
-    1 / SLOTS by SLOTS in its backward) dx and dW are SLOTS times those, bit for bit (a power of two)."""
+    1 / SLOTS by SLOTS in its backward) dx and dW are SLOTS times those, bit for bit (a power of two). The heads get
+    grad_scale = 1 / SLOTS, the gradient train_step gives the loss (another power of two would give the same bits:
+    seen here, not in the values), and the FP8 head the two-kernel path's gradient scale."""
     import kernels.cross_entropy as ce
     for dtype, cfg in ce.DEFAULT_CONFIG.items():
         monkeypatch.setitem(ce.FWD_GRAD_CONFIG, dtype, dict(cfg, programs_per_sm=2))
+    calls = []
+    for name in ("head_ce_grad_in_fwd", "fp8_head_ce_grad_in_fwd"):
+        op = getattr(tg, name)
+        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name: calls.append((name, a[4:-3])) or op(*a))
     g = torch.Generator().manual_seed(3)
     N, C, V = 64, 32, 208
     t = torch.randint(0, V, (N,), generator=g).to(device)
@@ -1581,3 +1587,8 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
             assert torch.equal(a, b), f"{name} differs ({'fp8' if fp8 else dtype} head)"
         for name, a, b in zip(("dx", "dW"), run(True, 1.0)[1:], new[1:]):
             assert torch.equal(a, tg.SLOTS * b), f"{name} with an incoming gradient of 1 ({'fp8' if fp8 else dtype})"
+    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS,))] * 2         # two runs with grad_in_fwd per head
+    if len(heads) > 1:
+        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S / (N * tg.SLOTS), 1 / tg.SLOTS)
+        want += [("fp8_head_ce_grad_in_fwd", fp8_scales)] * 2
+    assert calls == want, calls
