@@ -46,9 +46,9 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
   * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
-    e4m3 x and W, fixed scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its
-    transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
-    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
+    e4m3 x and W, fixed scales; a CE kernel writes the e5m2 gradient, the forward's with --ce-grad-in-forward,
+    kernels.transpose its transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in
+    build_fns; the log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
