@@ -769,10 +769,11 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
 
 
 def _check_row_grad(row_grad):
-    if (isinstance(row_grad, bool) or not isinstance(row_grad, (int, float)) or not math.isfinite(row_grad)
-            or abs(row_grad) > torch.finfo(torch.float32).max):
-        raise TypeError(f"softcapped_cross_entropy: row_grad must be a finite Python float in fp32's range, got "
-                        f"{row_grad!r}")
+    message = f"softcapped_cross_entropy: row_grad must be a finite Python float in fp32's range, got {row_grad!r}"
+    if isinstance(row_grad, bool) or not isinstance(row_grad, (int, float)):
+        raise TypeError(message)
+    if not (math.isfinite(row_grad) and abs(row_grad) <= torch.finfo(torch.float32).max):
+        raise ValueError(message)
 
 
 def _same_view(a, b):

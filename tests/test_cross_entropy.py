@@ -713,8 +713,9 @@ def test_fwd_grad_input_errors(device):
     N, V = 4, 10
     x, targets, weights = make_inputs(N, V, 3, device=device)
     call, call8 = softcapped_cross_entropy_fwd_grad, softcapped_cross_entropy_fwd_grad_e5m2
-    for bad in (float("nan"), float("inf"), 1e39, True, torch.tensor(1.0), "1"):
-        with pytest.raises(TypeError, match="row_grad must be a finite Python float in fp32's range"):
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), (1e39, ValueError), (True, TypeError),
+                       (torch.tensor(1.0), TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="row_grad must be a finite Python float in fp32's range"):
             call(x, targets, weights, *SOFTCAP, bad)
     with pytest.raises(TypeError, match="logits must be bfloat16 or float32"):
         call(x.half(), targets, weights, *SOFTCAP, 1.0)
