@@ -46,9 +46,9 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
   * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
-    e4m3 x and W, fixed scales; the CE backward kernel writes the e5m2 gradient, kernels.transpose its
-    transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in build_fns; the log's
-    `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
+    e4m3 x and W, fixed scales; a CE kernel writes the e5m2 gradient, the forward's with --ce-grad-in-forward,
+    kernels.transpose its transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in
+    build_fns; the log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
@@ -145,8 +145,9 @@ from data.shards import ShardError, check_token_ids, load_shard
 from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
-from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_support,
-                                   softcapped_cross_entropy, softcapped_cross_entropy_ref)
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_ce_grad_in_fwd,
+                                   fp8_head_support, head_ce_grad_in_fwd, softcapped_cross_entropy,
+                                   softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import keep_freed_memory
 from kernels.mlp import relu2_mlp
@@ -241,6 +242,7 @@ class Hyperparameters:
     # CUDA, bf16/fp16 matrices (kernels/mlp.py), traced into the step: stage 0 223.0 ms/step, flat (ours alone; as
     # custom ops 231.0 vs the record's 254.0, wandering): records/2026-11-26_TracedMLP1xH200
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
+    ce_grad_in_forward: bool = True  # CUDA: the head's CE forward kernel also writes the logits' gradient
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
     stages: tuple = dataclasses.field(default_factory=lambda: STAGES)  # batch / window / lr stages
@@ -834,17 +836,24 @@ def head_logits(x, lm_head, softcap):
     return softcap * torch.sigmoid((logits.float() + SOFTCAP_B) / SOFTCAP_C)
 
 
-def head_loss(x, lm_head, targets, weights, softcap, ce, fp8):
+def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
     softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with the row kernel and a transpose copy. With weights (1.0,): the
-    mean next-token CE."""
+    whose backward writes the e5m2 gradient with the row kernel and a transpose copy. grad_in_fwd (CUDA): the
+    head and the loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits'
+    gradient for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With
+    weights (1.0,): the mean next-token CE."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
+        if grad_in_fwd:
+            return fp8_head_ce_grad_in_fwd(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
+                                           1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
         return fp8_head_ce(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS), softcap,
                            SOFTCAP_B, SOFTCAP_C)[0].mean()
+    if grad_in_fwd:
+        return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
 
 
@@ -1045,10 +1054,14 @@ def build_fns(hp, device, compile_model, attention="auto"):
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
     fp8 = hp.fp8_head and ok
+    grad_in_fwd = hp.ce_grad_in_forward and device.type == "cuda"
     if fp8:
-        head_path = f"fp8 ({why}); e5m2 gradient: row kernel + transpose copy"
+        head_path = f"fp8 ({why}); e5m2 gradient: {'CE forward' if grad_in_fwd else 'row'} kernel + transpose copy"
     else:
         head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})"
+    if device.type == "cuda":  # the CPU runs the CE reference
+        head_path += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
+                      "; CE forward and backward kernels (--no-ce-grad-in-forward)")
     fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype in ("bfloat16", "float16")
     mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
                 + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
@@ -1056,7 +1069,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
     layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
 
     def loss(x, w, t, wk):
-        return head_loss(x, w, t, wk, hp.softcap, ce, fp8)
+        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd)
 
     def val_loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, False)

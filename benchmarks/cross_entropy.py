@@ -18,18 +18,34 @@ FP8 head cases, at N=16384 and N=49152 (the first and last stage's tokens per GP
     "unfused": bf16 backward, eager cast, eager transposed copy, the same two matmuls. The driver's matmul
     ceiling is the bf16 one; FP8 matmuls run about twice as fast on Hopper, so "% of roofline" here may
     approach 200%.
+
+The gradient in the forward (train_gpt.py's --ce-grad-in-forward) beside the two-kernel path it replaces, at
+N=16384 and N=49152, K=3 (the baseline "two_kernels" is that path; its speedup column is the A/B):
+  * ``softcapped_ce_fwd_grad[in_place]``: losses and bf16 dlogits written over the logits, as the bf16 head does.
+    Bytes 2*N*V read + 2*N*V written. Baseline: the forward kernel, then the bf16 backward (6*N*V bytes).
+  * ``softcapped_ce_fwd_grad_e5m2+transpose``: losses and g8 from the fused kernel, then g8t by the transpose
+    (the FP8 head's CE work over its forward and backward). Bytes 2*N*V + N*V, then 2*N*V. Baseline: the forward
+    kernel, then the e5m2 backward with its transpose (7*N*V bytes).
+  * ``head_ce_fwd_bwd`` and ``fp8_head_ce_fwd_bwd`` (C=768): a whole head, forward and backward through autograd
+    with the trainer's incoming gradient 1/8, each against its two-kernel op. FLOPs 3*2*N*C*V (bf16 ceiling, as
+    above), bytes the op's inputs and outputs (x and W read, dx and dW written).
+  * with --tune, ``softcapped_ce_fwd_grad_e5m2[...]``: the fused kernel alone in each FWD_GRAD_TUNING_CANDIDATES
+    configuration, at the last N.
 """
 import torch
 import torch.nn.functional as F
 
-from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, TUNING_CANDIDATES, softcapped_cross_entropy,
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, FWD_GRAD_TUNING_CANDIDATES, TUNING_CANDIDATES,
+                                   fp8_head_ce, fp8_head_ce_grad_in_fwd, head_ce_grad_in_fwd, softcapped_cross_entropy,
                                    softcapped_cross_entropy_bwd, softcapped_cross_entropy_bwd_e5m2,
-                                   softcapped_cross_entropy_fwd)
+                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_fwd_grad,
+                                   softcapped_cross_entropy_fwd_grad_e5m2)
 from kernels.transpose import transpose_copy
 
 SOFTCAP = (23.0, 5.0, 7.5)          # (A, B, C) as train_gpt.py uses them
 MTP_WEIGHTS = [1.0, 0.5, 0.25]      # K = 3 multi-token weights (values do not change the cost)
 HEAD_WIDTH = 768                    # C, the model width
+GRAD_SCALE = 1 / 8                  # the gradient train_gpt.py gives the mean loss (1 / SLOTS)
 
 
 def unfused_losses(logits, targets, weights, A, B, C):
@@ -189,6 +205,105 @@ def fp8_head_cases(x, targets, dlogits, device, row_counts, tune=False):
     return cases
 
 
+def _check_fwd_grad(device):
+    """On 512 rows of the real vocabulary, default configurations: the fused kernel's losses and gradients against
+    the two-kernel path's (losses to fp32 sums in another order; bf16 dlogits to a bf16 rounding; g8 bytes equal but
+    rarely one e5m2 step apart, values within fp32 error of a rounding midpoint)."""
+    x, t, w, grad, scale, stats = _e5m2_inputs(device, 512, 50304, seed=5)
+    losses, _ = softcapped_cross_entropy_fwd(x, t, w, *SOFTCAP)
+    row_grad = grad[0].item()
+    got_losses, dx = softcapped_cross_entropy_fwd_grad(x, t, w, *SOFTCAP, row_grad)
+    torch.testing.assert_close(got_losses, losses, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, softcapped_cross_entropy_bwd(grad, x, stats, t, w, *SOFTCAP))
+    in_place = x.clone()
+    softcapped_cross_entropy_fwd_grad(in_place, t, w, *SOFTCAP, row_grad, out=in_place)
+    assert torch.equal(in_place, dx), "in place differs from out of place"
+    _, g8 = softcapped_cross_entropy_fwd_grad_e5m2(x, t, w, *SOFTCAP, row_grad, scale)
+    want, _ = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, *SOFTCAP, scale)
+    ours, want = g8.view(torch.uint8).int(), want.view(torch.uint8).int()
+    differ = ours != want
+    assert differ.float().mean().item() < 1e-3, f"{int(differ.sum())} of {differ.numel()} bytes differ"
+    if differ.any():
+        assert (ours - want)[differ].abs().max().item() == 1, "a byte more than one e5m2 step away"
+
+
+def fwd_grad_cases(x, targets, scratch, device, row_counts, tune=False):
+    """The gradient in the forward and the two-kernel path for each N of ``row_counts`` (<= x's rows): x (N, V)
+    bf16 logits and scratch (N, V) bf16 (the in-place case's buffer and the baselines' dlogits), both shared with
+    the other cases (row prefixes; an in-place run leaves gradients in scratch, finite values, which cost the same).
+    The check runs with the first N; ``tune`` adds the fused kernel's configurations at the last N."""
+    V = x.shape[1]
+    w = torch.tensor(MTP_WEIGHTS, device=device)
+    cases = []
+    for N in row_counts:
+        xn, tn, sn = x[:N], targets[:N], scratch[:N]
+        grad = torch.full((N,), GRAD_SCALE / N, device=device)
+        losses, stats = torch.empty(N, device=device), torch.empty(2, N, device=device)
+        g8 = torch.empty(N, V, dtype=torch.float8_e5m2, device=device)
+        g8t = torch.empty(V, N, dtype=torch.float8_e5m2, device=device)
+        scale, shape, nv = FP8_GRAD_S / N, f"{N}x{V} K={len(MTP_WEIGHTS)}", N * V
+
+        def in_place(xn=xn, tn=tn, sn=sn, N=N, losses=losses):
+            softcapped_cross_entropy_fwd_grad(sn, tn, w, *SOFTCAP, GRAD_SCALE / N, losses=losses, out=sn)
+
+        def two_kernels(xn=xn, tn=tn, sn=sn, grad=grad, losses=losses, stats=stats):
+            softcapped_cross_entropy_fwd(xn, tn, w, *SOFTCAP, losses=losses, stats=stats)
+            softcapped_cross_entropy_bwd(grad, xn, stats, tn, w, *SOFTCAP, out=sn)
+
+        def fused_e5m2(cfg=None, xn=xn, tn=tn, N=N, scale=scale, losses=losses, g8=g8):
+            softcapped_cross_entropy_fwd_grad_e5m2(xn, tn, w, *SOFTCAP, GRAD_SCALE / N, scale, losses=losses, out=g8,
+                                                   config=cfg)
+
+        def e5m2(fused_e5m2=fused_e5m2, g8=g8, g8t=g8t):
+            fused_e5m2()
+            transpose_copy(g8, g8t)
+
+        def e5m2_two_kernels(xn=xn, tn=tn, grad=grad, scale=scale, losses=losses, stats=stats, g8=g8, g8t=g8t):
+            softcapped_cross_entropy_fwd(xn, tn, w, *SOFTCAP, losses=losses, stats=stats)
+            softcapped_cross_entropy_bwd_e5m2(grad, xn, stats, tn, w, *SOFTCAP, scale, out=g8, out_t=g8t)
+
+        first = N == row_counts[0]
+        cases.append(dict(op="softcapped_ce_fwd_grad[in_place]", shape=shape, dtype="bf16", fn=in_place,
+                          bytes=4 * nv, flops=0, baselines={"two_kernels": two_kernels},
+                          check=(lambda: _check_fwd_grad(device)) if first else None))
+        cases.append(dict(op="softcapped_ce_fwd_grad_e5m2+transpose", shape=shape, dtype="bf16/e5m2", fn=e5m2,
+                          bytes=5 * nv, flops=0, baselines={"two_kernels": e5m2_two_kernels}))
+        if tune and N == row_counts[-1]:
+            for cfg in FWD_GRAD_TUNING_CANDIDATES:
+                cases.append(dict(op="softcapped_ce_fwd_grad_e5m2[" + ",".join(f"{k}={v}" for k, v in cfg.items())
+                                  + "]", shape=shape, dtype="bf16/e5m2", fn=lambda cfg=cfg, f=fused_e5m2: f(cfg),
+                                  bytes=3 * nv, flops=0, baselines={}))
+    return cases
+
+
+def head_cases(device, N, V, C=HEAD_WIDTH):
+    """A whole head, forward and backward (autograd, the trainer's incoming gradient GRAD_SCALE), gradient in the
+    forward against the two-kernel op: bf16 (head_ce_grad_in_fwd) and, on capability >= 8.9, FP8."""
+    gen = torch.Generator(device=device).manual_seed(6)
+    xh = torch.randn(N, C, generator=gen, device=device, dtype=torch.bfloat16).requires_grad_()
+    wh = (torch.randn(C, V, generator=gen, device=device, dtype=torch.bfloat16) * 0.04).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=gen, device=device)
+    w = torch.tensor(MTP_WEIGHTS, device=device)
+    g = torch.tensor(GRAD_SCALE, device=device)
+    grad_s = FP8_GRAD_S / (N * 8)
+
+    def run(loss_fn):
+        def fn():
+            torch.autograd.grad(loss_fn(), (xh, wh), g)
+        return fn
+
+    heads = [("head_ce_fwd_bwd", "bf16",
+              lambda: head_ce_grad_in_fwd(xh, wh, t, w, GRAD_SCALE, *SOFTCAP)[0],
+              lambda: softcapped_cross_entropy(xh @ wh, t, w, *SOFTCAP).mean())]
+    if device != "cpu" and torch.cuda.get_device_capability() >= (8, 9):
+        heads.append(("fp8_head_ce_fwd_bwd", "bf16/fp8",
+                      lambda: fp8_head_ce_grad_in_fwd(xh, wh, t, w, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)[0],
+                      lambda: fp8_head_ce(xh, wh, t, w, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)[0].mean()))
+    nbytes = 2 * (2 * N * C + 2 * C * V)    # x and W read, dx and dW written (the op's inputs and outputs)
+    return [dict(op=op, shape=f"{N}x{V} C={C} K=3", dtype=dtype, fn=run(new), bytes=nbytes, flops=3 * 2 * N * C * V,
+                 baselines={"two_kernels": run(old)}) for op, dtype, new, old in heads]
+
+
 def bench_cases(device, tune=False):
     N, V = 49152, 50304
     # drawn on the device: drawing 2.5G values on the CPU takes tens of seconds (the values do not change the cost)
@@ -237,4 +352,6 @@ def bench_cases(device, tune=False):
             cases.append(dict(op="softcapped_ce_fwd_bwd[" + ",".join(f"{k}={v}" for k, v in cfg.items()) + "]",
                               shape=shape, dtype="bf16", fn=lambda cfg=cfg: fwd_bwd(cfg),
                               bytes=3 * logits_bytes, flops=0, baselines={}))
-    return cases + fp8_head_cases(x, targets, dx, device, row_counts=(16384, N), tune=tune)
+    return (cases + fp8_head_cases(x, targets, dx, device, row_counts=(16384, N), tune=tune)
+            + fwd_grad_cases(x, targets, dx, device, row_counts=(16384, N), tune=tune)
+            + [c for n in (16384, N) for c in head_cases(device, n, V)])

@@ -79,6 +79,8 @@ tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
   * the same backward with E5M2 (``softcapped_cross_entropy_bwd_e5m2``, the FP8 head): dx / scale is rounded
     to e5m2 (``_to_e5m2``) and stored as one byte per element, row-major (g8); then
     kernels.transpose.transpose_copy writes its transpose g8t.
+  * ``_ce_fwd_grad_kernel`` (the gradient in the forward, below): the work of the three above for each row it
+    takes, with the gradient's incoming value known in advance, on a persistent grid.
 Bounds for the speedrun's N=49152, V=50304 (2.47e9 elements), bf16 logits, on an H200 (4.3 TB/s; MUFU 16
 per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
   * memory: the forward reads 4.95 GB (1.15 ms); the e5m2 backward reads 4.95 GB and writes 2.47 GB (1.7 ms),
@@ -89,6 +91,9 @@ per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
     e5m2 backward is 286 instructions of which 48 MUFU, each MUFU taking 8 cycles of a scheduler's unit: by
     that count the unit is the bound, issue is not. Measured on one H200 at this shape: forward 2.05 ms, e5m2
     backward + transpose 3.39 ms (bounds 1.77 and 1.77 + 1.15 ms).
+  * the gradient in the forward: the logits read once from memory, the gradient written once: e5m2 7.4 GB
+    (1.7 ms), bf16 9.9 GB (2.3 ms); MUFU six operations per element (3.5 ms), the bound of both, and the sum of
+    the two kernels' MUFU bounds: the kernel saves the backward's memory traffic and launch, not MUFU work.
 records/README.md ("Measurements behind the code") has the kernels' measured times.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
@@ -99,10 +104,44 @@ scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logit
 torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T in the backward) are copied by
 kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
 
+Gradient in the forward (:func:`softcapped_cross_entropy_fwd_grad` and ``_e5m2``, one kernel; the heads
+:func:`head_ce_grad_in_fwd` and :func:`fp8_head_ce_grad_in_fwd`). The loss is the last operation of a training
+step, and the gradient it will receive is known when its forward runs: train_gpt.py divides the mean loss by
+SLOTS, so every row's loss gets g = 1 / (SLOTS N). ``_ce_fwd_grad_kernel`` computes the losses and writes the
+gradient for that g in one launch. Per row: the K target logits are gathered; pass A computes m_t and S_t as
+``_ce_fwd_kernel`` does (``_row_stats``); pass B writes the dense gradient as ``_ce_bwd_kernel`` does; the target
+columns are rewritten as ``_ce_bwd_targets_kernel`` does (after a barrier: other threads wrote them in pass B).
+With the same tile and warps its losses and gradient are those of the two kernels, bit for bit. Pass B reads the
+row again and computes s and exp(z - m) again: Triton keeps no row-sized buffer in shared memory (a row of fp32 s
+is 200 KB), and s kept in global memory would move 8 bytes per element through L2 where re-reading the bf16 row
+moves 2. So the kernel does the MUFU work of the two kernels; it saves the second read of the logits from memory
+and the backward's launch, provided pass B finds its row in L2. Hence a persistent grid (``programs_per_sm``
+programs per SM, each looping over rows: 2 x 132 rows of 100 KB of bf16 logits and 50 KB of e5m2 gradient are 40
+MB, under the H100's 50 MB of L2) and pass B walks the tiles backwards, those pass A read last first.
+
+The incoming gradient. The heads return the mean loss (0-d), so the gradient they receive is one number G; their
+forward wrote the gradient for G = grad_scale (an argument; train_gpt.py: 1 / SLOTS). The backward multiplies by
+r = G / grad_scale, a 0-d tensor on the device (no host sync; exactly 1 when G equals grad_scale), in what
+consumes the gradient, not in the (N, V) gradient, whose rescaling would cost another pass over it: the FP8 head
+multiplies its gradient scale by r (torch._scaled_mm applies the scale to the fp32 accumulator before the one
+rounding of dx and dW: exact for any G), the bf16 head its two products, dx = (g W^T) r and dW = (x^T g) r (exact
+where r = 1, else one more rounding of dx and dW to their dtype). Per-row losses would receive a gradient per
+row, which the FP8 dW = x8^T diag(r) g8 cannot take without rounding x8 r to e4m3 again.
+
+Memory. The logits are not kept for the backward. The bf16 head writes the gradient over them (in place: the
+row's target logits are gathered before a barrier that precedes its first store, and only the row's program reads
+the row), so from its matmul to its backward it holds one (N, V) buffer, where the two-kernel path keeps the logits
+and allocates dlogits beside them in the backward: the peak drops by 2NV bytes (4.95 GB at N = 49152). The FP8
+head frees its logits when its forward returns and keeps g8 (NV bytes) for the backward, which makes g8t: peaks
+3NV bytes (forward: logits and g8) and 2NV (backward), where the two-kernel path's backward holds 4NV (logits, g8,
+g8t).
+
 Meant for train_gpt.py's LM head, through :func:`softcapped_cross_entropy` (custom ops
 ``speedrun::softcapped_ce_fwd`` / ``speedrun::softcapped_ce_bwd``, traceable by
-``torch.compile(fullgraph=True)``) and :func:`fp8_head_ce`; ``python -m benchmarks --only cross_entropy``
-measures the e5m2 backward and the FP8 head's backward against the eager paths they replaced. On the CPU the
+``torch.compile(fullgraph=True)``) and :func:`fp8_head_ce`, or with --ce-grad-in-forward (the default) through
+:func:`head_ce_grad_in_fwd` and :func:`fp8_head_ce_grad_in_fwd` (custom ops of the same names, the FP8 one with
+``speedrun::fp8_head_ce_grad_in_fwd_bwd``); ``python -m benchmarks --only cross_entropy`` measures the kernels,
+the two paths side by side, and the FP8 head's backward against the eager paths it replaced. On the CPU the
 Triton interpreter is several times slower than the reference at real vocabulary sizes: there the trainer calls
 :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
@@ -136,6 +175,26 @@ TUNING_CANDIDATES = [
     dict(BLOCK_V=2048, num_warps=8),
     dict(BLOCK_V=4096, num_warps=8),
     dict(BLOCK_V=4096, num_warps=16),
+]
+
+# The fused kernel (_ce_fwd_grad_kernel): columns per tile, warps, and programs per SM (a persistent launch of
+# programs_per_sm * SMs programs, each looping over rows, caps the rows in flight so that pass B re-reads its row from
+# L2; 0: one program per row). A choice by that argument (2 x 132 rows of 150 KB of logits and e5m2 gradient in
+# flight, under the H100's 50 MB of L2), not tuned: FWD_GRAD_TUNING_CANDIDATES holds both kinds of launch for
+# `python -m benchmarks --only cross_entropy --tune`. The interpreter's: INTERPRETER_CONFIG's tile and warps (the
+# same fp32 sums as the two-kernel path there) and one program per row.
+FWD_GRAD_CONFIG = {
+    torch.bfloat16: dict(BLOCK_V=2048, num_warps=8, programs_per_sm=2),
+    torch.float32: dict(BLOCK_V=1024, num_warps=8, programs_per_sm=2),
+}
+INTERPRETER_FWD_GRAD_CONFIG = dict(INTERPRETER_CONFIG, programs_per_sm=0)
+FWD_GRAD_TUNING_CANDIDATES = [
+    dict(BLOCK_V=2048, num_warps=4, programs_per_sm=0),
+    dict(BLOCK_V=2048, num_warps=8, programs_per_sm=1),
+    dict(BLOCK_V=2048, num_warps=8, programs_per_sm=2),
+    dict(BLOCK_V=2048, num_warps=4, programs_per_sm=4),
+    dict(BLOCK_V=4096, num_warps=16, programs_per_sm=1),
+    dict(BLOCK_V=4096, num_warps=8, programs_per_sm=2),
 ]
 
 # The target pass (_ce_bwd_targets_kernel): rows per program, one per lane of 4 warps (K scattered 1- or 2-byte
@@ -207,20 +266,10 @@ def _row_term(targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
 
 
 @triton.jit
-def _ce_fwd_kernel(
-    # logits (N, V), row stride in elements (unit column stride)
-    x_ptr, stride_xn,
-    # targets (N,) int64, weights (K,) fp32
-    targets_ptr, weights_ptr,
-    # outputs: losses (N,) fp32, stats (2, N) fp32 (row max of z, sum of exp(z - max))
-    losses_ptr, stats_ptr,
-    # sizes and softcap constants (A, and c1 = -log2(e) / C, c0 = B c1)
-    N, V, A, c1, c0,
-    K: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_xn
-    cols = tl.arange(0, BLOCK_V)
+def _row_stats(x_row, cols, V, A, c1, c0, BLOCK_V: tl.constexpr):
+    """(m, S) of one row: m = max_v z and S = sum_v exp(z - m), fp32, from one read of its V logits in tiles of
+    BLOCK_V columns (``cols`` = tl.arange(0, BLOCK_V)): the full tiles without masks, then the masked tail. The
+    lanes' partial sums are rescaled by exp(m_old - m_new) whenever the running max grows."""
     m = -float("inf")                                      # running max of z over the tiles seen
     acc = tl.zeros((BLOCK_V,), dtype=tl.float32)          # per-lane sums of exp(z - m)
     v_full = (V // BLOCK_V) * BLOCK_V
@@ -236,7 +285,24 @@ def _ce_fwd_kernel(
         m_new = tl.maximum(m, tl.max(z, axis=0))
         acc = acc * tl.exp2((m - m_new) * _LOG2E) + tl.exp2((z - m_new) * _LOG2E)
         m = m_new
-    sumexp = tl.sum(acc, axis=0)
+    return m, tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    # logits (N, V), row stride in elements (unit column stride)
+    x_ptr, stride_xn,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # outputs: losses (N,) fp32, stats (2, N) fp32 (row max of z, sum of exp(z - max))
+    losses_ptr, stats_ptr,
+    # sizes and softcap constants (A, and c1 = -log2(e) / C, c0 = B c1)
+    N, V, A, c1, c0,
+    K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xn
+    m, sumexp = _row_stats(x_row, tl.arange(0, BLOCK_V), V, A, c1, c0, BLOCK_V)
     log_s = tl.log(sumexp)                                 # lse - m
 
     # loss_t = sum_k w_k * (lse - z_k) = sum_k w_k * (log S + (m - z_k)): two small non-negative terms
@@ -411,6 +477,106 @@ def _ce_bwd_targets_kernel(
             tl.store(dx_ptr + r * V + tgt, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
+    """Term k of the row for _ce_fwd_grad_kernel: its target and weight (``_row_term``), whether its target column
+    is stored (present and in range), whether the target is bad, and the logit at the target (0 where not stored),
+    gathered before the row's gradient is written (which may overwrite the logits)."""
+    tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+    ok = present & ~bad
+    return tgt, w, ok, bad, tl.load(x_row + tgt, mask=ok, other=0.0)
+
+
+@triton.jit
+def _fwd_grad_target(dx_row, xt, c, ok, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3,
+                     K: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr):
+    """Rewrites the row's target column c (logit xt; where ``ok``) with the full expression ``_bwd_target``."""
+    dx = _bwd_target(xt, c, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
+    if E5M2:
+        tl.store(dx_row + c, _to_e5m2(dx, HW_FP8), mask=ok)
+    else:
+        tl.store(dx_row + c, dx.to(dx_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _ce_fwd_grad_kernel(
+    # logits (N, V), row stride in elements (unit column stride)
+    x_ptr, stride_xn,
+    # targets (N,) int64, weights (K,) fp32
+    targets_ptr, weights_ptr,
+    # outputs: losses (N,) fp32; dlogits (N, V) contiguous, logits' dtype (or with E5M2 its e5m2 bits, a uint8
+    # view); dlogits may be the logits themselves (in place: each row is read and written by its program alone)
+    losses_ptr, dx_ptr,
+    # sizes, softcap constants, every row's incoming gradient g, and A / C (A / (C * scale) with E5M2)
+    N, V, A, c1, c0, g, A_over_C,
+    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
+):
+    """The forward and the backward of every row this program takes (rows pid, pid + programs, ...): the K target
+    logits gathered; pass A (``_row_stats``) and the loss, as _ce_fwd_kernel; pass B, the dense dlogits of every
+    column (``_ce_bwd_tile``, as _ce_bwd_kernel with the incoming gradient g), over the tiles in reverse order (the
+    tiles pass A read last come first, while they are most likely in L2); then the K target columns rewritten
+    (``_fwd_grad_target``, as _ce_bwd_targets_kernel). Barriers order, within the program, the gathers before pass
+    B's stores (in place they overwrite the gathered logits) and pass B's stores before the target columns' (other
+    threads write them)."""
+    cols = tl.arange(0, BLOCK_V)
+    n_full = V // BLOCK_V
+    v_full = n_full * BLOCK_V
+    for row in range(tl.program_id(0).to(tl.int64), N, tl.num_programs(0)):   # int64 offsets
+        x_row = x_ptr + row * stride_xn
+        dx_row = dx_ptr + row * V
+        tgt0, w0, ok0, bad, xt0 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 0)
+        tgt1, w1, ok1, xt1, tgt2, w2, ok2, xt2, tgt3, w3, ok3, xt3 = tgt0, 0.0, ok0, xt0, tgt0, 0.0, ok0, xt0, \
+            tgt0, 0.0, ok0, xt0
+        if K > 1:
+            tgt1, w1, ok1, bad1, xt1 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 1)
+            bad = bad | bad1
+        if K > 2:
+            tgt2, w2, ok2, bad2, xt2 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 2)
+            bad = bad | bad2
+        if K > 3:
+            tgt3, w3, ok3, bad3, xt3 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 3)
+            bad = bad | bad3
+
+        # forward: loss_t = sum_k w_k * (log S + (m - z_k)), summed in _ce_fwd_kernel's order
+        m, sumexp = _row_stats(x_row, cols, V, A, c1, c0, BLOCK_V)
+        log_s = tl.log(sumexp)
+        loss = 0.0
+        zt, st = _softcap(xt0, A, c1, c0)
+        loss += w0 * (log_s + (m - zt))
+        if K > 1:
+            zt, st = _softcap(xt1, A, c1, c0)
+            loss += w1 * (log_s + (m - zt))
+        if K > 2:
+            zt, st = _softcap(xt2, A, c1, c0)
+            loss += w2 * (log_s + (m - zt))
+        if K > 3:
+            zt, st = _softcap(xt3, A, c1, c0)
+            loss += w3 * (log_s + (m - zt))
+        tl.store(losses_ptr + row, tl.where(bad, float("nan"), loss))
+
+        # backward, the factors of _bwd_row_setup: gc = g (A / C), dense = gc W / S (NaN for a row with a bad target)
+        gc = tl.where(bad, float("nan"), g) * A_over_C
+        dense = gc * (w0 + w1 + w2 + w3) * tl.div_rn(1.0, sumexp)
+        tl.debug_barrier()                                 # every thread's gathers before any store to the row
+        if v_full < V:                                     # masked tail first
+            _ce_bwd_tile(x_row, dx_row, v_full, cols, V, m, dense, A, c1, c0, True, E5M2, HW_FP8)
+        for i in range(0, n_full):                         # full tiles, last first
+            _ce_bwd_tile(x_row, dx_row, (n_full - 1 - i) * BLOCK_V, cols, V, m, dense, A, c1, c0, False, E5M2,
+                         HW_FP8)
+        tl.debug_barrier()                                 # the dense stores before the target columns'
+        _fwd_grad_target(dx_row, xt0, tgt0, ok0, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3,
+                         K, E5M2, HW_FP8)
+        if K > 1:
+            _fwd_grad_target(dx_row, xt1, tgt1, ok1, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3,
+                             w3, K, E5M2, HW_FP8)
+        if K > 2:
+            _fwd_grad_target(dx_row, xt2, tgt2, ok2, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3,
+                             w3, K, E5M2, HW_FP8)
+        if K > 3:
+            _fwd_grad_target(dx_row, xt3, tgt3, ok3, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3,
+                             w3, K, E5M2, HW_FP8)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------------------
@@ -538,6 +704,19 @@ def _softcap_consts(A, B, C):
     return float(A), c1, float(B) * c1
 
 
+def _e5m2_constant(A, C, scale):
+    """A / (C * scale), the e5m2 kernels' one fp32 constant for A / C and 1 / scale, after checking ``scale``: the
+    positive finite FP8 gradient scale (a Python float)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
+    A_over_Cs = float(A) / C / scale
+    if not abs(A_over_Cs) <= torch.finfo(torch.float32).max:
+        raise ValueError(f"softcapped_cross_entropy: scale={scale!r} is too small: A / (C * scale) overflows fp32")
+    return A_over_Cs
+
+
 def _hw_fp8():
     """Whether the e5m2 rounding is the GPU's conversion (outside Triton's interpreter) or the interpreter-safe
     integer one (:func:`_to_e5m2`): the same bits."""
@@ -566,13 +745,7 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
     dev = logits.device
     _check_grad(grad, N, dev)
     _check_out("stats", stats, (2, N), torch.float32, dev)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softcapped_cross_entropy: scale must be a positive finite Python float, got {scale!r}")
-    A_over_Cs = float(A) / C / scale                       # one fp32 constant for A / C and 1 / scale
-    if not abs(A_over_Cs) <= torch.finfo(torch.float32).max:
-        raise ValueError(f"softcapped_cross_entropy: scale={scale!r} is too small: A / (C * scale) overflows fp32")
+    A_over_Cs = _e5m2_constant(A, C, scale)
     if out is None:
         out = torch.empty((N, V), dtype=torch.float8_e5m2, device=dev)
     if out_t is None:
@@ -593,6 +766,108 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
     _launch_bwd(args, consts, K, _config(logits, config), e5m2=True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
+
+
+def _check_row_grad(row_grad):
+    message = f"softcapped_cross_entropy: row_grad must be a finite Python float in fp32's range, got {row_grad!r}"
+    if isinstance(row_grad, bool) or not isinstance(row_grad, (int, float)):
+        raise TypeError(message)
+    if not (math.isfinite(row_grad) and abs(row_grad) <= torch.finfo(torch.float32).max):
+        raise ValueError(message)
+
+
+def _same_view(a, b):
+    """Whether ``a`` and ``b`` are the same elements in the same layout (an in-place output)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _sm_count(device):
+    """Streaming multiprocessors of a CUDA device; 1 elsewhere (the interpreter: programs_per_sm is the grid)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fwd_grad_config(logits, config):
+    if config is not None:
+        return config
+    if logits.device.type == "cpu":
+        return INTERPRETER_FWD_GRAD_CONFIG
+    return FWD_GRAD_CONFIG[logits.dtype]
+
+
+def _launch_fwd_grad(logits, targets, weights, losses, out, A, B, C, row_grad, A_over_C, K, config, e5m2):
+    """_ce_fwd_grad_kernel on programs_per_sm programs per SM (at most one per row; 0: one per row)."""
+    N, V = logits.shape
+    cfg = _fwd_grad_config(logits, config)
+    per_sm = cfg.get("programs_per_sm", 0)
+    grid = N if per_sm <= 0 else max(1, min(N, per_sm * _sm_count(logits.device)))
+    _ce_fwd_grad_kernel[(grid,)](
+        logits, logits.stride(0), targets, weights, losses, out, N, V, *_softcap_consts(A, B, C), float(row_grad),
+        A_over_C, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
+
+
+def _fwd_grad_losses(losses, out, logits, targets, weights, N, dev):
+    """The losses output (allocated if None), checked, and checked against every other argument for overlaps."""
+    if losses is None:
+        losses = torch.empty(N, dtype=torch.float32, device=dev)
+    _check_out("losses", losses, (N,), torch.float32, dev)
+    for name, t in (("logits", logits), ("targets", targets), ("weights", weights), ("out", out)):
+        if overlaps(losses, t):
+            raise ValueError(f"softcapped_cross_entropy: losses must not overlap {name} in memory")
+    for name, t in (("targets", targets), ("weights", weights)):
+        if overlaps(out, t):
+            raise ValueError(f"softcapped_cross_entropy: out must not overlap {name} in memory")
+    return losses
+
+
+def softcapped_cross_entropy_fwd_grad(logits, targets, weights, A, B, C, row_grad, losses=None, out=None,
+                                      config=None):
+    """(losses, dlogits) from one kernel: the per-row losses (N,) fp32 of :func:`softcapped_cross_entropy_fwd` and
+    dlogits (N, V) in logits' dtype, the gradient of sum_t row_grad * loss_t (what
+    :func:`softcapped_cross_entropy_bwd` gives for an incoming gradient of ``row_grad``, a finite Python float, on
+    every row). ``out``: a preallocated contiguous output, or ``logits`` itself (contiguous) to write the gradient
+    over the logits; ``losses``: a preallocated output; ``config``: dict(BLOCK_V=..., num_warps=...,
+    programs_per_sm=...) overriding the per-dtype default (BLOCK_V a power of two)."""
+    N, V, K = _check_inputs(logits, targets, weights, A, B, C)
+    _check_row_grad(row_grad)
+    dev = logits.device
+    if out is None:
+        out = torch.empty((N, V), dtype=logits.dtype, device=dev)
+    _check_out("out", out, (N, V), logits.dtype, dev)
+    if overlaps(out, logits) and not _same_view(out, logits):
+        raise ValueError("softcapped_cross_entropy: out must be logits itself (in place) or not overlap it")
+    losses = _fwd_grad_losses(losses, out, logits, targets, weights, N, dev)
+    if N == 0:
+        return losses, out
+    _launch_fwd_grad(logits, targets, weights, losses, out, A, B, C, row_grad, float(A) / C, K, config, e5m2=False)
+    return losses, out
+
+
+def softcapped_cross_entropy_fwd_grad_e5m2(logits, targets, weights, A, B, C, row_grad, scale, losses=None,
+                                           out=None, config=None):
+    """(losses, g8) from one kernel: the per-row losses (N,) fp32 and g8 (N, V) contiguous torch.float8_e5m2, holding
+    SAT(RNE_e5m2(dlogits / scale)) with dlogits the fp32 gradient of sum_t row_grad * loss_t (as
+    :func:`softcapped_cross_entropy_bwd_e5m2`'s g8 for an incoming gradient of ``row_grad`` on every row; its
+    transpose g8t is the caller's, e.g. kernels.transpose.transpose_copy). ``scale``: the positive finite FP8
+    gradient scale (Python float). ``losses``/``out``: optional preallocated outputs (out must not overlap the
+    logits); ``config`` as :func:`softcapped_cross_entropy_fwd_grad`."""
+    N, V, K = _check_inputs(logits, targets, weights, A, B, C)
+    _check_row_grad(row_grad)
+    dev = logits.device
+    A_over_Cs = _e5m2_constant(A, C, scale)
+    if out is None:
+        out = torch.empty((N, V), dtype=torch.float8_e5m2, device=dev)
+    _check_out("out", out, (N, V), torch.float8_e5m2, dev)
+    if overlaps(out, logits):
+        raise ValueError("softcapped_cross_entropy: out must not overlap logits in memory")
+    losses = _fwd_grad_losses(losses, out, logits, targets, weights, N, dev)
+    if N == 0:
+        return losses, out
+    _launch_fwd_grad(logits, targets, weights, losses, out.view(torch.uint8), A, B, C, row_grad, A_over_Cs, K, config,
+                     e5m2=True)
+    return losses, out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -660,13 +935,20 @@ def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights
     accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
     e4m3 operands. torch._scaled_mm wants its second operand column-major: w8's transpose, copied by
     kernels.transpose (_transposed)."""
+    logits, x8, w8 = _fp8_logits(x, w, x_s, w_s)
+    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
+    return losses, logits, stats, x8, w8
+
+
+def _fp8_logits(x, w, x_s, w_s):
+    """(logits, x8, w8): the e4m3 copies x8 = x / x_s, w8 = w / w_s and logits = x8 @ w8 x_s w_s in x's dtype
+    (torch._scaled_mm, fast accumulation), w8's column-major layout copied by kernels.transpose."""
     x8 = (x / x_s).to(torch.float8_e4m3fn)
     w8 = (w / w_s).to(torch.float8_e4m3fn)
     one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
     logits = torch._scaled_mm(x8, _transposed(w8).T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
                               use_fast_accum=True)
-    losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
-    return losses, logits, stats, x8, w8
+    return logits, x8, w8
 
 
 @fp8_head_ce.register_fake
@@ -686,8 +968,15 @@ def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tenso
     dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
     g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
-    dx = torch._scaled_mm(g8, w8.T, scale_a=one * grad_s, scale_b=one * w_s, out_dtype=logits.dtype)
-    dw = torch._scaled_mm(_transposed(x8), g8t.T, scale_a=one * x_s, scale_b=one * grad_s, out_dtype=logits.dtype)
+    return _fp8_head_grads(g8, g8t, x8, w8, one * grad_s, x_s, w_s, logits.dtype)
+
+
+def _fp8_head_grads(g8, g8t, x8, w8, s_g, x_s, w_s, dtype):
+    """(dx, dw) = (g8 @ w8^T s_g w_s, x8^T @ g8 x_s s_g) in ``dtype`` by torch._scaled_mm (fp32 accumulation, no fast
+    accumulation); g8t (V, N) is g8's transpose, s_g the gradient's scale, a 0-d fp32 tensor on the device."""
+    one = torch.ones((), dtype=torch.float32, device=g8.device)
+    dx = torch._scaled_mm(g8, w8.T, scale_a=s_g, scale_b=one * w_s, out_dtype=dtype)
+    dw = torch._scaled_mm(_transposed(x8), g8t.T, scale_a=one * x_s, scale_b=s_g, out_dtype=dtype)
     return dx, dw
 
 
@@ -716,6 +1005,112 @@ def _fp8_head_ce_backward(ctx, grad_losses, *_):
 
 
 fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The head and its loss with the gradient written in the forward (custom ops, traceable by torch.compile)
+# ---------------------------------------------------------------------------------------------------------
+def _check_grad_scale(grad_scale):
+    if isinstance(grad_scale, bool) or not isinstance(grad_scale, (int, float)):
+        raise TypeError(f"softcapped_cross_entropy: grad_scale must be a nonzero finite Python float, got "
+                        f"{grad_scale!r}")
+    if not math.isfinite(grad_scale) or grad_scale == 0:
+        raise ValueError(f"softcapped_cross_entropy: grad_scale must be a nonzero finite Python float, got "
+                         f"{grad_scale!r}")
+
+
+@torch.library.custom_op("speedrun::head_ce_grad_in_fwd", mutates_args=())
+def head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+                        grad_scale: float, A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head x (N, C) @ w (C, V) (logits in x's dtype) and the mean over rows of this module's soft-capped
+    multi-token CE, with the gradient written in the forward: (loss, g), loss 0-d fp32 and g (N, V) in x's dtype
+    the gradient of grad_scale * loss in the logits (one kernel, :func:`softcapped_cross_entropy_fwd_grad`, written
+    over the logits, which are not kept). The backward (autograd) scales by r = grad / grad_scale on the device:
+    dx = (g @ w^T) r, dw = (x^T @ g) r (module docstring)."""
+    _check_grad_scale(grad_scale)
+    logits = x @ w
+    N = logits.shape[0]
+    losses, g = softcapped_cross_entropy_fwd_grad(logits, targets, weights, A, B, C, grad_scale / max(N, 1),
+                                                  out=logits)
+    return losses.mean(), g
+
+
+@head_ce_grad_in_fwd.register_fake
+def _(x, w, targets, weights, grad_scale, A, B, C):
+    return x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], w.shape[1])
+
+
+def _head_ce_grad_in_fwd_setup(ctx, inputs, output):
+    x, w, _, _, ctx.grad_scale, *_ = inputs
+    ctx.save_for_backward(x, w, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _head_ce_grad_in_fwd_backward(ctx, grad_loss, _):
+    x, w, g = ctx.saved_tensors
+    r = grad_loss.float() / ctx.grad_scale              # 0-d, on the device: exactly 1 for grad_loss == grad_scale
+    dx = (g @ w.T) * r if ctx.needs_input_grad[0] else None
+    dw = (x.T @ g) * r if ctx.needs_input_grad[1] else None
+    return (dx, dw) + (None,) * 6                         # targets, weights, grad_scale, A, B, C
+
+
+head_ce_grad_in_fwd.register_autograd(_head_ce_grad_in_fwd_backward, setup_context=_head_ce_grad_in_fwd_setup)
+
+
+@torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd", mutates_args=())
+def fp8_head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+                            x_s: float, w_s: float, grad_s: float, grad_scale: float, A: float, B: float,
+                            C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fp8_head_ce`'s head (e4m3 copies, FP8 logits in x's dtype) and the mean over rows of its loss, with
+    the gradient written in the forward: (loss, g8, x8, w8), loss 0-d fp32, g8 (N, V) e5m2 the gradient of
+    grad_scale * loss in the logits divided by grad_s (one kernel, :func:`softcapped_cross_entropy_fwd_grad_e5m2`;
+    the logits are freed when this returns), x8 and w8 the e4m3 operands the backward multiplies."""
+    _check_grad_scale(grad_scale)
+    logits, x8, w8 = _fp8_logits(x, w, x_s, w_s)
+    N = logits.shape[0]
+    losses, g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, targets, weights, A, B, C, grad_scale / max(N, 1),
+                                                        grad_s)
+    return losses.mean(), g8, x8, w8
+
+
+@fp8_head_ce_grad_in_fwd.register_fake
+def _(x, w, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C):
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], w.shape[1], dtype=torch.float8_e5m2),
+            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd_bwd", mutates_args=())
+def fp8_head_ce_grad_in_fwd_bwd(grad: torch.Tensor, g8: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor,
+                                x_s: float, w_s: float, grad_s: float, grad_scale: float,
+                                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of fp8_head_ce_grad_in_fwd for the loss's gradient ``grad`` (0-d): g8t = g8^T by kernels.transpose,
+    then :func:`fp8_head_ce_bwd`'s two FP8 matmuls with the gradient's scale grad_s * r, r = grad / grad_scale (a
+    device tensor: exactly grad_s for grad == grad_scale, and for any grad applied to the fp32 accumulator before
+    the one rounding of dx and dw to ``dtype``)."""
+    s_g = grad.float() / grad_scale * grad_s
+    return _fp8_head_grads(g8, _transposed(g8), x8, w8, s_g, x_s, w_s, dtype)
+
+
+@fp8_head_ce_grad_in_fwd_bwd.register_fake
+def _(grad, g8, x8, w8, x_s, w_s, grad_s, grad_scale, dtype):
+    return x8.new_empty(x8.shape, dtype=dtype), w8.new_empty(w8.shape, dtype=dtype)
+
+
+def _fp8_head_ce_grad_in_fwd_setup(ctx, inputs, output):
+    x, _, _, _, x_s, w_s, grad_s, grad_scale, *_ = inputs
+    _, g8, x8, w8 = output
+    ctx.save_for_backward(g8, x8, w8)
+    ctx.consts = (x_s, w_s, grad_s, grad_scale, x.dtype)
+    ctx.mark_non_differentiable(g8, x8, w8)
+
+
+def _fp8_head_ce_grad_in_fwd_backward(ctx, grad_loss, *_):
+    dx, dw = fp8_head_ce_grad_in_fwd_bwd(grad_loss, *ctx.saved_tensors, *ctx.consts)
+    return (dx, dw) + (None,) * 9          # targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C
+
+
+fp8_head_ce_grad_in_fwd.register_autograd(_fp8_head_ce_grad_in_fwd_backward,
+                                          setup_context=_fp8_head_ce_grad_in_fwd_setup)
 
 
 def fp8_head_support(device):

@@ -17,12 +17,13 @@ specialisations (16-byte divisibility, integers equal to 1), which change the co
 ``--sass``: compile with the 16-byte divisibility the GPU launcher specialises on (tensors whose address, and
 integers whose value, is a multiple of 16: the vector loads and stores of the real launch; integers equal to 1
 are not specialised) and add to each row "sass": the instruction counts of the cubin disassembled by the nvdisasm
-in Triton's wheel, {"instructions", "mufu", "loop_instructions", "loop_mufu"}, the loop being the longest span
-that a branch jumps back over (a row kernel's tile loop; 0 without one). For the GPU machines' figures run it
-with their Triton (3.6; e.g. ``pip install --target DIR triton==3.6.0`` and DIR first on PYTHONPATH). Static
-counts, not times: on Hopper a scheduler issues one instruction per cycle and its special-function unit (MUFU)
-takes 8 cycles per warp instruction, so they bound a loop's cycles from below (notes/measurements.md has the
-counts of the cross-entropy kernels).
+in Triton's wheel, {"instructions", "mufu", "loop_instructions", "loop_mufu", "inner_loops"}, the loop being the
+longest span that a branch jumps back over (a row kernel's tile loop; 0 without one) and "inner_loops" the
+[instructions, mufu] of every such span that holds no other (the tile loops inside the fused kernel's row loop).
+For the GPU machines' figures run it with their Triton (3.6; e.g. ``pip install --target DIR triton==3.6.0`` and
+DIR first on PYTHONPATH). Static counts, not times: on Hopper a scheduler issues one instruction per cycle and its
+special-function unit (MUFU) takes 8 cycles per warp instruction, so they bound a loop's cycles from below
+(notes/measurements.md has the counts of the cross-entropy kernels).
 """
 import json
 import os
@@ -124,6 +125,9 @@ def call_family(family):
             grad = torch.full((N,), 1.0 / N)
             ce.softcapped_cross_entropy_bwd(grad, x, stats, t, w, 23.0, 5.0, 7.5, config=cfg)
             ce.softcapped_cross_entropy_bwd_e5m2(grad, x, stats, t, w, 23.0, 5.0, 7.5, 2.0 ** -20, config=cfg)
+            fused = ce.FWD_GRAD_CONFIG[bf16]        # the gradient in the forward (--ce-grad-in-forward)
+            ce.softcapped_cross_entropy_fwd_grad(x, t, w, 23.0, 5.0, 7.5, 1.0 / N, out=x.clone(), config=fused)
+            ce.softcapped_cross_entropy_fwd_grad_e5m2(x, t, w, 23.0, 5.0, 7.5, 1.0 / N, 2.0 ** -20, config=fused)
     elif family == "embedding":
         import kernels.embedding as emb
         for N, V, C in ((1024, 512, 768), (999, 300, 100)):
@@ -171,18 +175,20 @@ _BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def sass_counts(cubin):
-    """{"instructions", "mufu", "loop_instructions", "loop_mufu"} of a cubin (nvdisasm from Triton's wheel)."""
+    """{"instructions", "mufu", "loop_instructions", "loop_mufu", "inner_loops"} of a cubin (nvdisasm from Triton's
+    wheel)."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         lines = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout.splitlines()
     labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\.L_x_\d+:", line.strip())}
-    loop = (0, -1)
+    spans = []                       # (first, last) line of every span a branch jumps back over
     for i, line in enumerate(lines):
         m = _BRANCH.search(line)
-        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > loop[1] - loop[0]:
-            loop = (labels[m.group(1)], i)
+        if m and labels.get(m.group(1), i) < i:
+            spans.append((labels[m.group(1)], i))
+    loop = max(spans, key=lambda s: s[1] - s[0], default=(0, -1))
 
     def count(span):
         ops = [m.group(1) for m in map(_OPCODE.search, span) if m]
@@ -191,7 +197,9 @@ def sass_counts(cubin):
     (n, mufu), (ln, lmufu) = count(lines), count(lines[loop[0]:loop[1] + 1])
     if ln <= 1:                      # no loop: only the branch-to-itself after EXIT
         ln, lmufu = 0, 0
-    return dict(instructions=n, mufu=mufu, loop_instructions=ln, loop_mufu=lmufu)
+    inner = [count(lines[a:b + 1]) for a, b in spans
+             if b - a > 1 and not any(a <= c and d <= b and (c, d) != (a, b) and d - c > 1 for c, d in spans)]
+    return dict(instructions=n, mufu=mufu, loop_instructions=ln, loop_mufu=lmufu, inner_loops=inner)
 
 
 def main(family, sass=False):

@@ -73,6 +73,31 @@ def test_cross_entropy_fp8_cases_run_at_a_small_shape(device):
             baseline()
 
 
+def test_cross_entropy_fwd_grad_cases_run_at_a_small_shape(device):
+    """benchmarks/cross_entropy.py's gradient-in-the-forward cases with --tune at N = 16 and 32 rows of V = 208
+    columns and its head cases at C = 32: every case (in place over the scratch, the fused e5m2 kernel with the
+    transpose, each tuning candidate, the bf16 head, the FP8 head where the GPU has FP8) and its two-kernel baseline
+    runs; the in-place case writes the gradient over its buffer."""
+    from benchmarks import cross_entropy as bench
+    gen = torch.Generator().manual_seed(0)
+    N, V = 32, 208
+    x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
+    targets = torch.randint(0, V, (N,), generator=gen).to(device)
+    scratch = x.clone()
+    cases = bench.fwd_grad_cases(x, targets, scratch, device, row_counts=(16, N), tune=True)
+    ops = [c["op"] for c in cases]
+    assert ops.count("softcapped_ce_fwd_grad[in_place]") == ops.count("softcapped_ce_fwd_grad_e5m2+transpose") == 2
+    assert sum(op.startswith("softcapped_ce_fwd_grad_e5m2[") for op in ops) == len(bench.FWD_GRAD_TUNING_CANDIDATES)
+    [c for c in cases if c["op"] == "softcapped_ce_fwd_grad[in_place]"][-1]["fn"]()    # N = 32, before the rest
+    assert not torch.equal(scratch, x), "the in-place case did not write its buffer"
+    heads = bench.head_cases(device, 16, V, C=32)
+    assert [c["op"] for c in heads][0] == "head_ce_fwd_bwd" and all(c["flops"] == 6 * 16 * 32 * V for c in heads)
+    for case in cases + heads:
+        case["fn"]()
+        for baseline in case["baselines"].values():
+            baseline()
+
+
 def test_transpose_fp8_case_runs_at_a_small_shape(device):
     """benchmarks/transpose.py's e4m3 case (the FP8 head's operands) at 40 x 72: the kernel, its check (bytes
     against the reference) and the eager torch baseline run on any machine (CPU: Triton's interpreter)."""

@@ -13,6 +13,13 @@ run in Triton's interpreter: fp32 and small V, with a 32-column tile so that V=6
 path, V=77 full tiles plus the masked tail, and V=20 the tail alone; the e5m2 backward (the same row kernel, then
 kernels.transpose for g8t) adds V=95 (a 31-column tail) and N=16 / N=15 rows, and must write every byte of its
 outputs and nothing outside them.
+
+The gradient in the forward (``_ce_fwd_grad_kernel``: losses and the gradient of sum_t row_grad * loss_t, bf16/fp32
+or e5m2, one kernel) is held to the same spec and bounds on the same tile paths, with one program per row and on a
+persistent grid (3 programs on the CPU, each taking several rows), in place over the logits too, and to the
+two-kernel path bit for bit when both use one tile and warp count. The heads built on it (``head_ce_grad_in_fwd``,
+``fp8_head_ce_grad_in_fwd``) return the mean loss and scale the gradient their forward wrote by the incoming
+gradient over grad_scale: checked for an incoming gradient equal to grad_scale, a power of two times it, and 0.3.
 """
 import pytest
 import torch
@@ -20,11 +27,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.cross_entropy import (_hw_fp8, _to_e5m2, softcapped_cross_entropy,
-                                   softcapped_cross_entropy_bwd, softcapped_cross_entropy_bwd_e5m2,
-                                   softcapped_cross_entropy_fwd, softcapped_cross_entropy_ref)
-from tests.tolerances import (E5M2_FP32_ULPS, UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch,
-                              assert_rounded_e5m2, shifted_randn)
+from kernels.cross_entropy import (DEFAULT_CONFIG, FP8_GRAD_S, FP8_W_S, FP8_X_S, FWD_GRAD_CONFIG, _hw_fp8, _to_e5m2,
+                                   fp8_head_ce, fp8_head_ce_bwd, fp8_head_ce_grad_in_fwd, head_ce_grad_in_fwd,
+                                   softcapped_cross_entropy, softcapped_cross_entropy_bwd,
+                                   softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
+                                   softcapped_cross_entropy_fwd_grad, softcapped_cross_entropy_fwd_grad_e5m2,
+                                   softcapped_cross_entropy_ref)
+from tests.tolerances import (E5M2_FP32_ULPS, UNIT_ROUNDOFF, assert_all_written, assert_close_report,
+                              assert_matches_torch, assert_rounded_e5m2, fp8_gemm_accumulation_error, shifted_randn)
 
 HAS_CUDA = torch.cuda.is_available()
 gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="bf16, the speedrun vocabulary and torch.compile(inductor) "
@@ -103,14 +113,19 @@ def spec_grad_terms(x, targets, weights, grad, scale, A, B, C):
 
 
 def torch_lowp(x, targets, weights, A, B, C):
-    """Plain PyTorch in fp32 from the same inputs (the rule-1 yardstick): softcap, then F.cross_entropy per k."""
+    """Plain PyTorch in fp32 from the same inputs (the rule-1 yardstick): (x in fp32, a leaf, and its losses)."""
     xf = x.detach().float().requires_grad_()
-    z = A * torch.sigmoid((xf + B) / C)
-    N = x.shape[0]
-    losses = torch.zeros(N, dtype=torch.float32, device=x.device)
+    return xf, torch_losses(xf, targets, weights, A, B, C)
+
+
+def torch_losses(logits, targets, weights, A, B, C):
+    """The per-row losses in plain PyTorch: softcap, then F.cross_entropy per k (differentiable)."""
+    z = A * torch.sigmoid((logits + B) / C)
+    N = logits.shape[0]
+    losses = torch.zeros(N, dtype=logits.dtype, device=logits.device)
     for k, w in enumerate(weights.tolist()):
         losses = losses + F.pad(w * F.cross_entropy(z[:N - k], targets[k:], reduction="none"), (0, k))
-    return xf, losses
+    return losses
 
 
 def make_inputs(N, V, K, dtype=torch.float32, device="cpu", seed=0, row_stride=None):
@@ -175,6 +190,13 @@ def check_against_spec(x, targets, weights, losses, stats, dx, grad):
     assert_close_report(stats[0], m64[:, 0], atol=Z_ULPS * u * A, name="row max of z")
     assert_close_report(stats[1], torch.exp(z64 - m64).sum(1), atol=0.0, rtol=SUMEXP_ULPS * u,
                         name="sum exp(z - max)")
+    check_losses_and_dlogits(x, targets, weights, losses, dx, grad)
+
+
+def check_losses_and_dlogits(x, targets, weights, losses, dx, grad):
+    """Losses by rule 1 against the spec and torch in fp32; dlogits for the incoming gradient ``grad`` (N,)
+    (``assert_dlogits``)."""
+    A, B, C = SOFTCAP
     expect = spec_losses(x, targets, weights, A, B, C)
     xf, lowp = torch_lowp(x, targets, weights, A, B, C)
     assert_matches_torch(losses, expect, lowp.detach(), name="losses")
@@ -490,6 +512,390 @@ def test_reference_matches_spec(device):
     torch.testing.assert_close(x64.grad, spec_grad(x, targets, weights, grad, *SOFTCAP), rtol=1e-12, atol=1e-12)
 
 
+# ------------------------------------------------------------------------------ gradient in the forward (CPU)
+# _ce_fwd_grad_kernel with one program per row and on a persistent grid (on the CPU programs_per_sm is the number of
+# programs: with 3, a program takes rows p, p + 3, ...: a value carried from one row to the next shows), 32-column
+# tiles as above. ROW_GRAD is every row's incoming gradient (not 1: a kernel that ignores it fails).
+LAUNCHES = {"per_row": dict(BLOCK_V=32, num_warps=4, programs_per_sm=0),
+            "persistent": dict(BLOCK_V=32, num_warps=4, programs_per_sm=3)}
+ROW_GRAD = 0.3
+
+
+def run_fwd_grad(x, targets, weights, row_grad, config, in_place=False):
+    """softcapped_cross_entropy_fwd_grad into NaN-prefilled outputs (in place: over a contiguous copy of x, which it
+    returns as dlogits); checks every element written and that the outputs given are the ones returned."""
+    N, V = x.shape
+    losses = torch.full((N,), float("nan"), device=x.device)
+    if in_place:
+        logits = out = x.contiguous().clone()
+    else:
+        logits, out = x, torch.full((N, V), float("nan"), dtype=x.dtype, device=x.device)
+    got = softcapped_cross_entropy_fwd_grad(logits, targets, weights, *SOFTCAP, row_grad, losses=losses, out=out,
+                                            config=config)
+    assert got[0] is losses and got[1] is out
+    assert_all_written(losses, "losses")
+    assert_all_written(out, "dlogits")
+    return losses, out
+
+
+def run_fwd_grad_e5m2(x, targets, weights, row_grad, scale, config):
+    """softcapped_cross_entropy_fwd_grad_e5m2 into NaN-prefilled outputs; checks as ``run_fwd_grad``."""
+    N, V = x.shape
+    losses = torch.full((N,), float("nan"), device=x.device)
+    g8 = torch.full((N, V), float("nan"), dtype=torch.float8_e5m2, device=x.device)
+    got = softcapped_cross_entropy_fwd_grad_e5m2(x, targets, weights, *SOFTCAP, row_grad, scale, losses=losses,
+                                                 out=g8, config=config)
+    assert got[0] is losses and got[1] is g8
+    assert_all_written(losses, "losses")
+    assert_all_written(g8, "g8")
+    return losses, g8
+
+
+def check_fwd_grad_e5m2(x, targets, weights, row_grad, scale, losses, g8, rows=None):
+    """Losses by rule 1, g8 by rule 3 (``check_e5m2``, on all rows or the first and last ``rows``)."""
+    N = x.shape[0]
+    check_e5m2(x, targets, weights, torch.full((N,), row_grad, device=x.device), scale, g8, g8.T.contiguous(),
+               rows)
+    xf, lowp = torch_lowp(x, targets, weights, *SOFTCAP)
+    assert_matches_torch(losses, spec_losses(x, targets, weights, *SOFTCAP), lowp.detach(), name="losses")
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+@pytest.mark.parametrize("K", [1, 3, 4])
+@pytest.mark.parametrize("V", [64, 77, 20], ids=["aligned", "tail", "tail_only"])
+def test_fwd_grad_matches_spec(V, K, launch, device):
+    """The losses and the gradient of sum_t ROW_GRAD * loss_t from one kernel, fp32, against the spec: V = 64 (full
+    tiles only), 77 (full tiles and a tail), 20 (the tail alone); K = 1, 3, 4 with a repeated target (rows 0-2 of
+    ``make_inputs``) and the last K - 1 rows' later targets beyond the rows; both launches."""
+    N = 13
+    x, targets, weights = make_inputs(N, V, K, device=device)
+    losses, dx = run_fwd_grad(x, targets, weights, ROW_GRAD, LAUNCHES[launch])
+    check_losses_and_dlogits(x, targets, weights, losses, dx, torch.full((N,), ROW_GRAD, device=device))
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_fwd_grad_bf16_matches_spec(launch, in_place, device):
+    """bf16 logits and gradient (the trainer's bf16 head writes it over the logits): rule 1 for both."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device, seed=1)
+    losses, dx = run_fwd_grad(x, targets, weights, ROW_GRAD, LAUNCHES[launch], in_place=in_place)
+    check_losses_and_dlogits(x, targets, weights, losses, dx, torch.full((N,), ROW_GRAD, device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_fwd_grad_is_the_two_kernel_path_bit_for_bit(launch, dtype, device):
+    """With the same tile and warps the fused kernel computes the two-kernel path's fp32 values in its order: its
+    losses, its dlogits (out of place and in place) and its e5m2 g8 are those of the forward kernel followed by the
+    backward kernels for an incoming gradient of ROW_GRAD on every row, bit for bit; K = 4 and a repeated target."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 4, dtype=dtype, device=device, seed=3)
+    cfg = LAUNCHES[launch]
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP, config=cfg)
+    grad = torch.full((N,), ROW_GRAD, device=device)
+    want = softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP, config=cfg)
+    for in_place in (False, True):
+        got_losses, got = run_fwd_grad(x, targets, weights, ROW_GRAD, cfg, in_place=in_place)
+        assert torch.equal(got_losses, losses), f"losses differ (in place: {in_place})"
+        assert torch.equal(got, want), f"dlogits differ (in place: {in_place})"
+    g8, _ = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, SCALE, config=cfg)
+    got_losses, got8 = run_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, cfg)
+    assert torch.equal(got_losses, losses)
+    assert torch.equal(got8.view(torch.uint8), g8.view(torch.uint8)), "g8 differs"
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+@pytest.mark.parametrize("N", [16, 15], ids=["rows_aligned", "rows_tail"])
+@pytest.mark.parametrize("V", [64, 95, 20], ids=["aligned", "tail", "tail_only"])
+def test_fwd_grad_e5m2_matches_spec(V, N, launch, device):
+    """The e5m2 gradient from the forward, every tile path (a 31-column tail at V = 95), K = 3: rule 3."""
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    check_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE,
+                        *run_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, LAUNCHES[launch]))
+
+
+@INTERPRETER_FP_WARNINGS
+def test_fwd_grad_e5m2_value_range(device):
+    """Logits spread over [-85, 75] (s from ~0 to ~1) and a scale that sends the largest gradients past 61440 and the
+    smallest below e5m2's subnormals; row_grad 1 and -1 (the targets' columns and the others change sign):
+    saturation of both signs, subnormals and zeros, against the spec."""
+    N, V = 13, 77
+    gen = torch.Generator().manual_seed(7)
+    x = shifted_randn(N, V, generator=gen, mean=-5.0, std=20.0).to(device)
+    targets, weights = torch.randint(0, V, (N,), generator=gen).to(device), torch.tensor(WEIGHTS[3], device=device)
+    scale = 1e-6
+    values = []
+    for row_grad in (1.0, -1.0):
+        losses, g8 = run_fwd_grad_e5m2(x, targets, weights, row_grad, scale, LAUNCHES["persistent"])
+        check_fwd_grad_e5m2(x, targets, weights, row_grad, scale, losses, g8)
+        values.append(g8.float())
+    v = torch.cat(values)
+    assert (v == 57344).any() and (v == -57344).any() and not torch.isinf(v).any(), "no saturation reached"
+    assert ((v != 0) & (v.abs() < 2.0 ** -14)).any(), "no subnormal reached"
+    assert (v == 0).any()
+
+
+def test_fwd_grad_rows_without_weighted_terms_and_more_weights_than_rows(device):
+    """weights [0, 1, 1]: the last row's only term has weight 0: loss and gradient exactly 0, in every output dtype.
+    K = 3 with N = 2: row 0 has two terms, row 1 one (later targets beyond the rows are not read)."""
+    N, V = 9, 77
+    x, targets, _ = make_inputs(N, V, 3, device=device, seed=2)
+    weights = torch.tensor([0.0, 1.0, 1.0], device=device)
+    cfg = LAUNCHES["persistent"]
+    losses, dx = run_fwd_grad(x, targets, weights, ROW_GRAD, cfg)
+    assert losses[-1].item() == 0.0 and torch.count_nonzero(dx[-1]).item() == 0
+    check_losses_and_dlogits(x, targets, weights, losses, dx, torch.full((N,), ROW_GRAD, device=device))
+    losses, g8 = run_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, cfg)
+    assert torch.count_nonzero(g8[-1].float()).item() == 0
+    check_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, losses, g8)
+    x, targets, weights = make_inputs(2, 77, 3, device=device, seed=3)
+    losses, dx = run_fwd_grad(x, targets, weights, -0.5, cfg)
+    check_losses_and_dlogits(x, targets, weights, losses, dx, torch.full((2,), -0.5, device=device))
+
+
+def test_fwd_grad_out_of_range_targets_poison_their_rows(device):
+    """A target outside [0, V) makes NaN the loss and the gradient row (dlogits, in place too, and g8) of every row
+    that reads it; the other rows hold the clean run's bits."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=4)
+    cfg = LAUNCHES["persistent"]
+    bad_targets = targets.clone()
+    bad_targets[10] = V                             # read by rows 10 (k=0), 9 (k=1), 8 (k=2)
+    bad_targets[0] = -1                             # read by row 0 only
+    poisoned, clean = torch.tensor([0, 8, 9, 10]), torch.tensor([1, 2, 3, 4, 5, 6, 7, 11, 12])
+    for in_place in (False, True):
+        good = run_fwd_grad(x, targets, weights, ROW_GRAD, cfg, in_place=in_place)
+        logits = x.clone()
+        losses, dx = softcapped_cross_entropy_fwd_grad(logits, bad_targets, weights, *SOFTCAP, ROW_GRAD,
+                                                       out=logits if in_place else None, config=cfg)
+        assert torch.isnan(losses[poisoned]).all() and torch.isnan(dx[poisoned]).all()
+        assert torch.equal(losses[clean], good[0][clean]) and torch.equal(dx[clean], good[1][clean])
+    good = run_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, cfg)
+    losses, g8 = softcapped_cross_entropy_fwd_grad_e5m2(x, bad_targets, weights, *SOFTCAP, ROW_GRAD, SCALE, config=cfg)
+    assert torch.isnan(losses[poisoned]).all() and torch.isnan(g8[poisoned].float()).all()
+    assert torch.equal(g8[clean].view(torch.uint8), good[1][clean].view(torch.uint8))
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_fwd_grad_writes_every_element_and_none_outside(launch, device):
+    """Strided logits (row stride 97 > V), out-of-range targets (NaN rows), the outputs inside larger buffers: fp32
+    dlogits and losses prefilled with NaN are all written and the guards around them keep their fill; the e5m2 g8
+    runs twice, into buffers prefilled with 0x7F and with 0x00: a byte the kernel writes is the same in both runs
+    (a single poison byte cannot tell: the GPU writes NaN as 0x7F)."""
+    N, V = 21, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=10, row_stride=97)
+    targets[20], targets[7], targets[0] = V, -1, V + 1000     # rows 18..20, 5..7 and 0 poisoned
+    cfg = LAUNCHES[launch]
+    guard = 64 * V
+    buf = torch.full((N * V + 2 * guard,), -7.0, device=device)
+    lbuf = torch.full((N + 2 * guard,), -7.0, device=device)
+    dx, losses = buf[guard:guard + N * V].view(N, V), lbuf[guard:guard + N]
+    dx.fill_(float("nan"))
+    losses.fill_(float("nan"))
+    softcapped_cross_entropy_fwd_grad(x, targets, weights, *SOFTCAP, ROW_GRAD, losses=losses, out=dx, config=cfg)
+    assert (buf[:guard] == -7).all() and (buf[guard + N * V:] == -7).all(), "written outside dlogits"
+    assert (lbuf[:guard] == -7).all() and (lbuf[guard + N:] == -7).all(), "written outside losses"
+    clean = torch.tensor([r for r in range(N) if r not in (0, 5, 6, 7, 18, 19, 20)])
+    assert not torch.isnan(dx[clean]).any() and not torch.isnan(losses[clean]).any(), "an element not written"
+    runs = []
+    for fill in (0x7F, 0x00):
+        bbuf = torch.full((N * V + 2 * guard,), fill, dtype=torch.uint8, device=device)
+        g8 = bbuf[guard + 1:guard + 1 + N * V].view(torch.float8_e5m2).view(N, V)     # misaligned by one byte
+        softcapped_cross_entropy_fwd_grad_e5m2(x, targets, weights, *SOFTCAP, ROW_GRAD, SCALE, out=g8, config=cfg)
+        assert (bbuf[:guard + 1] == fill).all() and (bbuf[guard + 1 + N * V:] == fill).all(), "written outside g8"
+        runs.append(g8.view(torch.uint8).clone())
+    skipped = runs[0] != runs[1]
+    assert not skipped.any(), f"{int(skipped.sum())} bytes of g8 not written"
+
+
+def test_fwd_grad_input_errors(device):
+    N, V = 4, 10
+    x, targets, weights = make_inputs(N, V, 3, device=device)
+    call, call8 = softcapped_cross_entropy_fwd_grad, softcapped_cross_entropy_fwd_grad_e5m2
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError), (1e39, ValueError), (True, TypeError),
+                       (torch.tensor(1.0), TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="row_grad must be a finite Python float in fp32's range"):
+            call(x, targets, weights, *SOFTCAP, bad)
+    with pytest.raises(TypeError, match="logits must be bfloat16 or float32"):
+        call(x.half(), targets, weights, *SOFTCAP, 1.0)
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch.float32 tensor of shape \(4, 10\)"):
+        call(x, targets, weights, *SOFTCAP, 1.0, out=torch.empty(N, V, dtype=torch.bfloat16, device=device))
+    wide = torch.zeros(N, V + 1, device=device)
+    with pytest.raises(ValueError, match="out must be logits itself \\(in place\\) or not overlap it"):
+        call(wide[:, :V], targets, weights, *SOFTCAP, 1.0, out=wide.view(-1)[1:N * V + 1].view(N, V))
+    with pytest.raises(ValueError, match="out must be a contiguous"):     # in place needs contiguous logits
+        call(wide[:, :V], targets, weights, *SOFTCAP, 1.0, out=wide[:, :V])
+    with pytest.raises(ValueError, match="losses must not overlap out"):
+        out = torch.empty(N, V, device=device)
+        call(x, targets, weights, *SOFTCAP, 1.0, losses=out[0, :N], out=out)
+    with pytest.raises(ValueError, match="losses must not overlap logits"):
+        call(x, targets, weights, *SOFTCAP, 1.0, losses=x[0, :N])
+    with pytest.raises(ValueError, match="out must not overlap weights"):
+        w4 = torch.zeros(N * V, device=device)
+        call(x, targets, w4[:3], *SOFTCAP, 1.0, out=w4.view(N, V))
+    with pytest.raises(ValueError, match="scale must be a positive finite Python float"):
+        call8(x, targets, weights, *SOFTCAP, 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"scale=1e-45 is too small"):
+        call8(x, targets, weights, *SOFTCAP, 1.0, 1e-45)
+    with pytest.raises(ValueError, match="out must not overlap logits"):
+        call8(x, targets, weights, *SOFTCAP, 1.0, SCALE,
+              out=x.view(torch.uint8).reshape(-1)[:N * V].view(torch.float8_e5m2).view(N, V))
+    with pytest.raises(ValueError, match="at most 4 weights"):
+        call8(x, targets, torch.ones(5, device=device), *SOFTCAP, 1.0, SCALE)
+    for bad in (0.0, float("nan")):
+        with pytest.raises(ValueError, match="grad_scale must be a nonzero finite Python float"):
+            head_ce_grad_in_fwd(x, torch.ones(V, V, device=device), targets, weights, bad, *SOFTCAP)
+    losses, dx = call(x[:0], targets[:0], weights, *SOFTCAP, 1.0)
+    assert losses.shape == (0,) and dx.shape == (0, V)
+    losses, g8 = call8(x[:0], targets[:0], weights, *SOFTCAP, 1.0, SCALE)
+    assert g8.shape == (0, V) and g8.dtype == torch.float8_e5m2
+
+
+# ------------------------------------------------------------------------------ heads with the gradient
+# head_ce_grad_in_fwd and fp8_head_ce_grad_in_fwd return the mean loss; their forward writes the gradient for an
+# incoming gradient of GRAD_SCALE (train_gpt.py's 1 / SLOTS), their backward scales by r = G / GRAD_SCALE.
+GRAD_SCALE = 0.125
+
+
+def _scaled_mm_works(device):
+    try:
+        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, a.T.contiguous().T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _head_case(device, N=48, C=32, V=208, dtype=torch.float32, w_std=0.3, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, generator=g).to(device, dtype).requires_grad_()
+    w = (torch.randn(C, V, generator=g) * w_std).to(device, dtype).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    t[1] = t[0]
+    return x, w, t, torch.tensor(WEIGHTS[3], device=device)
+
+
+def test_head_ce_grad_in_fwd(device):
+    """head_ce_grad_in_fwd (fp32 here): the loss is the mean of the fused launcher's losses on x @ w, the gradient it
+    keeps the launcher's for row_grad = GRAD_SCALE / N (bit for bit), and its backward (g @ w^T) r, (x^T @ g) r with
+    r = G / GRAD_SCALE: for G = GRAD_SCALE (r = 1) and G = 4 GRAD_SCALE (an exact power of two: 4 times the former,
+    bit for bit); for G = 0.3 rule 1 against the float64 gradient of G * the mean loss (a backward that ignored G, or
+    used 1 / G, is off by a factor); and the two-kernel path (the CE op, then autograd's matmul backward) within rule 1
+    of the same spec."""
+    x, w, t, wk = _head_case(device)
+    N = x.shape[0]
+    loss, g = head_ce_grad_in_fwd(x, w, t, wk, GRAD_SCALE, *SOFTCAP)
+    logits = (x @ w).detach()
+    losses, want_g = softcapped_cross_entropy_fwd_grad(logits, t, wk, *SOFTCAP, GRAD_SCALE / N)
+    assert loss.shape == () and torch.equal(loss, losses.mean()) and torch.equal(g, want_g)
+    grads = {}
+    for G in (GRAD_SCALE, 4 * GRAD_SCALE, 0.3):
+        grads[G] = torch.autograd.grad(loss, (x, w), torch.tensor(G, device=device), retain_graph=True)
+    dx, dw = grads[GRAD_SCALE]
+    assert torch.equal(dx, want_g @ w.detach().T) and torch.equal(dw, x.detach().T @ want_g)
+    assert torch.equal(grads[4 * GRAD_SCALE][0], 4 * dx) and torch.equal(grads[4 * GRAD_SCALE][1], 4 * dw)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    spec = torch.autograd.grad(0.3 * spec_losses(x64 @ w64, t, wk, *SOFTCAP).mean(), (x64, w64))
+    xf, wf = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    lowp = torch.autograd.grad(0.3 * torch_losses(xf @ wf, t, wk, *SOFTCAP).mean(), (xf, wf))
+    two_kernel = torch.autograd.grad(0.3 * softcapped_cross_entropy(xf @ wf, t, wk, *SOFTCAP).mean(), (xf, wf))
+    for name, got, e64, tl_ in (("dx", grads[0.3][0], spec[0], lowp[0]), ("dw", grads[0.3][1], spec[1], lowp[1])):
+        assert_matches_torch(got, e64, tl_, name=f"head {name}, G = 0.3")
+    for name, got, e64, tl_ in (("dx", two_kernel[0], spec[0], lowp[0]), ("dw", two_kernel[1], spec[1], lowp[1])):
+        assert_matches_torch(got, e64, tl_, name=f"two-kernel head {name}, G = 0.3")
+
+
+def test_fp8_head_ce_grad_in_fwd(device):
+    """fp8_head_ce_grad_in_fwd on the test device (on the CPU torch's _scaled_mm and the interpreter): e4m3 operands
+    and loss those of fp8_head_ce (the mean of its losses: the same logits, the same forward sums), g8 the fused e5m2
+    launcher's on fp8_head_ce's logits for row_grad = GRAD_SCALE / N, and dx, dw the two FP8 matmuls restated from g8
+    with the gradient scale grad_s * G / GRAD_SCALE, bit for bit, for G = GRAD_SCALE and G = 0.3 (a backward that
+    ignored G fails the latter); with G = GRAD_SCALE, as fp8_head_ce's backward, which rounds the gradient for the
+    same G (rule 5 against the float64 product of the same operands, the transposed layout pinned by dw)."""
+    if not _scaled_mm_works(device):
+        pytest.skip(f"this torch has no torch._scaled_mm on {device}")
+    x, w, t, wk = _head_case(device, dtype=torch.bfloat16, w_std=0.05)
+    N = x.shape[0]
+    grad_s = FP8_GRAD_S / (N * 8)
+    loss, g8, x8, w8 = fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)
+    losses, logits, stats, x8_old, w8_old = fp8_head_ce(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)
+    assert torch.equal(x8.view(torch.uint8), x8_old.view(torch.uint8))
+    assert torch.equal(w8.view(torch.uint8), w8_old.view(torch.uint8))
+    assert loss.shape == () and torch.equal(loss, losses.mean())
+    _, want_g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, t, wk, *SOFTCAP, GRAD_SCALE / N, grad_s)
+    assert torch.equal(g8.view(torch.uint8), want_g8.view(torch.uint8))
+    scale = lambda v: torch.tensor(v, dtype=torch.float32, device=device)
+    for G in (GRAD_SCALE, 0.3):
+        dx, dw = torch.autograd.grad(loss, (x, w), scale(G), retain_graph=True)
+        s_g = scale(G) / GRAD_SCALE * grad_s
+        assert torch.equal(dx, torch._scaled_mm(g8, w8.T, scale_a=s_g, scale_b=scale(FP8_W_S), out_dtype=x.dtype))
+        assert torch.equal(dw, torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=scale(FP8_X_S),
+                                                scale_b=s_g, out_dtype=x.dtype))
+    # the two paths against the float64 products of the exact gradient of the same logits and the same e4m3
+    # operands: each rounds the gradient / grad_s to e5m2 once (at most 2^-3 of it, or 2^-17 in the subnormals,
+    # beside the fp32 error of rule 3, negligible here), then rule 5 (an FP8 matmul of K terms, one bf16 rounding)
+    dx, dw = torch.autograd.grad(loss, (x, w), scale(GRAD_SCALE))
+    old = fp8_head_ce_bwd(torch.full((N,), GRAD_SCALE / N, device=device), logits, stats, t, wk, x8, w8, FP8_X_S,
+                          FP8_W_S, grad_s, *SOFTCAP)
+    xq, wq = x8.double() * FP8_X_S, w8.double() * FP8_W_S
+    gx = spec_grad(logits.detach(), t, wk, torch.full((N,), GRAD_SCALE / N, device=device), *SOFTCAP)
+    acc = "tensor_core" if device == "cuda" else "fp32"
+    V = gx.shape[1]
+    for name, e64, terms, sub, K in (
+            ("dx", gx @ wq.T, gx.abs() @ wq.abs().T, wq.abs().sum(1)[None, :].expand(N, -1), V),
+            ("dw", xq.T @ gx, xq.abs().T @ gx.abs(), xq.abs().sum(0)[:, None].expand(-1, V), N)):
+        rounding = 2.0 ** -3 * terms + 2.0 ** -17 * grad_s * sub         # the e5m2 rounding, carried through
+        d = fp8_gemm_accumulation_error(K, acc) * (terms + rounding)
+        bound = rounding + d + 2.0 ** -8 * (e64.abs() + rounding + d)
+        for which, got in (("gradient in the forward", dx if name == "dx" else dw),
+                           ("two kernels", old[0] if name == "dx" else old[1])):
+            assert_close_report(got.double(), e64, atol=bound, name=f"fp8 head {name} ({which})")
+
+
+def test_heads_custom_op_opcheck(device):
+    """Schema, fake implementation and autograd registration of the heads' custom ops (the FP8 ones without
+    opcheck's AOT test, which sums their float8 outputs, and the backward's schema test, which multiplies its float8
+    inputs: the CPU has neither operation in float8)."""
+    x, w, t, wk = _head_case(device, N=16, C=16, V=48)
+    torch.library.opcheck(torch.ops.speedrun.head_ce_grad_in_fwd.default, (x, w, t, wk, GRAD_SCALE, *SOFTCAP))
+    if not _scaled_mm_works(device):
+        return
+    xb, wb = x.detach().bfloat16().requires_grad_(), (w.detach() * 0.1).bfloat16().requires_grad_()
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    args = (xb, wb, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
+    torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd.default, args, test_utils=utils)
+    _, g8, x8, w8 = fp8_head_ce_grad_in_fwd(*args)
+    torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd_bwd.default,
+                          (torch.tensor(0.3, device=device), g8, x8, w8, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
+                           torch.bfloat16), test_utils=("test_faketensor",))    # its float8 inputs: no schema test
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_heads_compile_fullgraph_cpu_backends(backend, device):
+    """torch.compile(fullgraph=True) around both heads (the trainer divides the loss by 8 afterwards): loss and
+    gradients those of the eager ops, bit for bit."""
+    x, w, t, wk = _head_case(device)
+    heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
+    if _scaled_mm_works(device):
+        x8in = (x.detach().bfloat16(), (w.detach() * 0.1).bfloat16())
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
+                                                          *SOFTCAP)[0])
+    for i, head in enumerate(heads):
+        a, b = (x.detach(), w.detach()) if i == 0 else x8in
+        torch._dynamo.reset()
+        fn = torch.compile(head, fullgraph=True, backend=backend)
+        runs = []
+        for f in (fn, head):
+            xa, wa = a.clone().requires_grad_(), b.clone().requires_grad_()
+            loss = f(xa, wa)
+            (loss / 8).backward()
+            runs.append((loss.detach(), xa.grad, wa.grad))
+        for got, want in zip(*runs):
+            assert torch.equal(got, want)
+
+
 # ------------------------------------------------------------------------------------------ autograd, op
 def test_autograd_function(device):
     """softcapped_cross_entropy: losses from the forward launcher, .grad from the backward launcher."""
@@ -711,3 +1117,101 @@ def test_compiles_fullgraph_inductor(device):
     # new weight values: same compiled graph, new result
     w2 = torch.tensor([1.0, 0.0, 0.0], device=device)
     assert torch.equal(fn(x, targets, w2), softcapped_cross_entropy_fwd(x, targets, w2, *SOFTCAP)[0])
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_fwd_grad_speedrun_vocab_gpu(dtype, device):
+    """The gradient in the forward at V = 50304 (tail tiles) and V = 49152 (none) with the default persistent
+    configuration (fewer programs than rows at N = 2000: each program takes several rows), against the spec on the
+    first and last 32 rows; in place, the bits of the out-of-place run."""
+    for N, V in ((2000, 50304), (33, 49152)):
+        x, targets, weights = make_inputs(N, V, 3, dtype=dtype, device=device)
+        losses, dx = run_fwd_grad(x, targets, weights, 1.0 / N, None)
+        in_place = run_fwd_grad(x, targets, weights, 1.0 / N, None, in_place=True)
+        assert torch.equal(in_place[0], losses) and torch.equal(in_place[1], dx), "in place differs"
+        for rows in (slice(0, 32), slice(N - 32, N)):
+            ext = slice(rows.start, min(N, rows.stop + 2))      # the later targets of the checked rows
+            n = rows.stop - rows.start
+            xs, ts = x[ext], targets[ext]
+            grad = torch.full((xs.shape[0],), 1.0 / N, device=device)
+            expect = spec_losses(xs, ts, weights, *SOFTCAP)[:n]
+            xf, lowp = torch_lowp(xs, ts, weights, *SOFTCAP)
+            assert_matches_torch(losses[rows], expect, lowp.detach()[:n], name=f"losses {rows}")
+            lowp.backward(grad)
+            e64 = spec_grad(xs, ts, weights, grad, *SOFTCAP)[:n]
+            if dtype == torch.float32:
+                terms = spec_grad_terms(xs, ts, weights, grad, 1.0, *SOFTCAP)[:n]
+                assert_close_report(dx[rows], e64, atol=E5M2_FP32_ULPS * UNIT_ROUNDOFF[torch.float32] * terms,
+                                    name=f"dlogits {rows}")
+            else:
+                assert_matches_torch(dx[rows], e64, xf.grad[:n].to(dx.dtype), name=f"dlogits {rows}")
+
+
+@gpu_only
+@pytest.mark.parametrize("launch", ["default", "per_row"])
+def test_fwd_grad_is_the_two_kernel_path_gpu(launch, device):
+    """On the GPU too, with the two-kernel path's tile and warps (the default persistent grid or one program per row),
+    the fused kernel's losses, bf16 dlogits (out of place and in place) and e5m2 g8 are the two kernels' bit for
+    bit: the compiled code computes the same fp32 values in the same order (and in place, the barriers keep the
+    gathered target logits and the target columns' order)."""
+    N, V = 1024, 50304
+    x, targets, weights = make_inputs(N, V, 3, dtype=torch.bfloat16, device=device, seed=9)
+    cfg = dict(DEFAULT_CONFIG[torch.bfloat16],
+               programs_per_sm=FWD_GRAD_CONFIG[torch.bfloat16]["programs_per_sm"] if launch == "default" else 0)
+    losses, stats = softcapped_cross_entropy_fwd(x, targets, weights, *SOFTCAP, config=cfg)
+    grad = torch.full((N,), 1.0 / N, device=device)
+    want = softcapped_cross_entropy_bwd(grad, x, stats, targets, weights, *SOFTCAP, config=cfg)
+    for in_place in (False, True):
+        got_losses, got = run_fwd_grad(x, targets, weights, 1.0 / N, cfg, in_place=in_place)
+        assert torch.equal(got_losses, losses) and torch.equal(got, want), f"differs (in place: {in_place})"
+    scale = FP8_GRAD_S / N
+    g8, _ = softcapped_cross_entropy_bwd_e5m2(grad, x, stats, targets, weights, *SOFTCAP, scale, config=cfg)
+    _, got8 = run_fwd_grad_e5m2(x, targets, weights, 1.0 / N, scale, cfg)
+    assert torch.equal(got8.view(torch.uint8), g8.view(torch.uint8))
+
+
+@gpu_only
+def test_fwd_grad_e5m2_past_2_31_gpu(device):
+    """The last stage's shape, N = 49152 x V = 50304 (g8 holds 2.47e9 bytes: offsets past 2^31), bf16 logits, the
+    default configuration, into NaN-prefilled outputs: every element written and the spec on the first and last 128
+    rows; also a ragged shape (N, V multiples of no tile: the masked paths) and K = 1."""
+    for N, V, K in ((49152, 50304, 3), (1001, 50000, 1)):
+        gen = torch.Generator(device=device).manual_seed(11)
+        x = torch.randn(N, V, generator=gen, device=device, dtype=torch.bfloat16).mul_(4).sub_(2.3)
+        targets = torch.randint(0, V, (N,), generator=gen, device=device)
+        weights = torch.tensor(WEIGHTS[K], device=device)
+        scale = FP8_GRAD_S / N
+        losses, g8 = run_fwd_grad_e5m2(x, targets, weights, 1.0 / N, scale, None)
+        grad = torch.full((N,), 1.0 / N, device=device)
+        for r0, r1 in ((0, 128), (N - 128, N)):
+            end = min(N, r1 + K - 1)
+            xs, ts, gs = x[r0:end], targets[r0:end], grad[r0:end]
+            assert_rounded_e5m2(g8[r0:r1], spec_grad(xs, ts, weights, gs, *SOFTCAP)[:r1 - r0] / scale,
+                                spec_grad_terms(xs, ts, weights, gs, scale, *SOFTCAP)[:r1 - r0],
+                                name=f"g8 rows {r0}:{r1}")
+            xf, lowp = torch_lowp(xs, ts, weights, *SOFTCAP)
+            assert_matches_torch(losses[r0:r1], spec_losses(xs, ts, weights, *SOFTCAP)[:r1 - r0],
+                                 lowp.detach()[:r1 - r0], name=f"losses {r0}:{r1}")
+        del x, g8
+
+
+@gpu_only
+def test_heads_compile_fullgraph_inductor(device):
+    """Both heads under torch.compile(fullgraph=True) with inductor at the speedrun's head shape: loss and gradients
+    those of the eager ops, bit for bit."""
+    x, w, t, wk = _head_case(device, N=1024, C=768, V=50304, dtype=torch.bfloat16, w_std=0.04)
+    heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
+    if torch.cuda.get_device_capability() >= (8, 9):
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.0, w, t, wk, FP8_X_S, FP8_W_S, FP8_GRAD_S / 8192,
+                                                          GRAD_SCALE, *SOFTCAP)[0])
+    for head in heads:
+        torch._dynamo.reset()
+        runs = []
+        for f in (torch.compile(head, fullgraph=True), head):
+            xa, wa = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+            loss = f(xa, wa)
+            (loss / 8).backward()
+            runs.append((loss.detach(), xa.grad, wa.grad))
+        for got, want in zip(*runs):
+            assert torch.equal(got, want)

@@ -47,7 +47,8 @@ def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
     launches train_gpt.py makes (``--sass``: 16-byte specialised, as on the GPU): a tile loop of the row kernels
     holds 3 MUFU instructions per element of a thread's tile (BLOCK_V / (32 * num_warps) elements), plus at most
     one per tile in the forward (the rescale of the running sums). A correctly rounded division (tl.div_rn) or
-    tl.sigmoid's would add a MUFU.RCP per element."""
+    tl.sigmoid's would add a MUFU.RCP per element. The fused kernel (the gradient in the forward) holds both: its row
+    loop's two full-tile loops, pass A and pass B, spend what the forward's and the backward's loops spend."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), "cross_entropy", "--sass"],
@@ -63,3 +64,9 @@ def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
         s = r["sass"]
         assert 3 * per_thread <= s["loop_mufu"] <= 3 * per_thread + extra, (r["kernel"], r["constexprs"], s)
         assert s["loop_instructions"] > s["loop_mufu"], s
+    fused = [r for r in rows if r["kernel"] == "_ce_fwd_grad_kernel"]
+    assert {r["constexprs"]["E5M2"] for r in fused} == {"True", "False"}
+    for r in fused:
+        per_thread = int(r["constexprs"]["BLOCK_V"]) // (32 * r["options"]["num_warps"])
+        inner = sorted(mufu for _, mufu in r["sass"]["inner_loops"])
+        assert inner == [3 * per_thread, 3 * per_thread + 1], (r["constexprs"], r["sass"])

@@ -1569,3 +1569,70 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
         w = tg.mtp_weights_at(hp, s)
         assert tr.mtp[s].tolist() == pytest.approx(list(w) + [0.0] * (3 - len(w)), abs=1e-7), s
     assert len(tg.mtp_weights_at(hp, hp.total_steps - 1)) == 1  # the last stage really is shorter
+
+
+# ----------------------------------------------------------------------------------------------------
+# --ce-grad-in-forward: the head's loss with its gradient written by the CE forward kernel
+
+
+def test_ce_grad_in_forward_flag_and_head_path(device):
+    """On by default; --no-ce-grad-in-forward turns it off; the log's lm_head_matmul line names the CE path on
+    CUDA (the CPU runs the CE reference, whatever the flag)."""
+    assert tg.Hyperparameters().ce_grad_in_forward is True
+    assert tg.hyperparameters_from(tg.parse_args(["--smoke", "--no-ce-grad-in-forward"])).ce_grad_in_forward is False
+    on, off = (tg.build_fns(tg.smoke_hyperparameters(ce_grad_in_forward=f), torch.device(device), compile_model=False)
+               for f in (True, False))
+    if device == "cuda":
+        assert on.head_path.endswith("; CE gradient written by the forward kernel (--ce-grad-in-forward)")
+        assert off.head_path.endswith("; CE forward and backward kernels (--no-ce-grad-in-forward)")
+    else:
+        assert on.head_path == off.head_path and "CE" not in on.head_path
+
+
+def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
+    """head_loss with grad_in_fwd (the trainer's default on CUDA) gives the loss, dx and dW of the two-kernel path,
+    bit for bit, with the trainer's incoming gradient 1 / SLOTS, for the head in the parameters' dtype (fp32 here)
+    and, where torch._scaled_mm runs, the FP8 head (bf16): both paths compute the same fp32 values when their
+    kernels use one tile and warp count (the interpreter's configuration on the CPU; on a GPU the fused kernel's is
+    set to the two kernels'). With an incoming gradient of 1 (the head scales the gradient its forward wrote for
+    1 / SLOTS by SLOTS in its backward) dx and dW are SLOTS times those, bit for bit (a power of two). The heads get
+    grad_scale = 1 / SLOTS, the gradient train_step gives the loss (another power of two would give the same bits:
+    seen here, not in the values), and the FP8 head the two-kernel path's gradient scale."""
+    import kernels.cross_entropy as ce
+    for dtype, cfg in ce.DEFAULT_CONFIG.items():
+        monkeypatch.setitem(ce.FWD_GRAD_CONFIG, dtype, dict(cfg, programs_per_sm=2))
+    calls = []
+    for name in ("head_ce_grad_in_fwd", "fp8_head_ce_grad_in_fwd"):
+        op = getattr(tg, name)
+        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name: calls.append((name, a[4:-3])) or op(*a))
+    g = torch.Generator().manual_seed(3)
+    N, C, V = 64, 32, 208
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    wk = torch.tensor([1.0, 0.5, 0.25], device=device)
+    heads = [(torch.float32, False)]
+    try:
+        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.T, scale_a=torch.ones((), device=device), scale_b=torch.ones((), device=device),
+                         out_dtype=torch.bfloat16)
+        heads.append((torch.bfloat16, True))
+    except (RuntimeError, NotImplementedError):
+        pass
+    for dtype, fp8 in heads:
+        x = torch.randn(N, C, generator=g).to(device, dtype)
+        w = (torch.randn(C, V, generator=g) * 0.05).to(device, dtype)
+
+        def run(grad_in_fwd, upstream):
+            xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+            loss = tg.head_loss(xa, wa, t, wk, 23.0, tg.softcapped_cross_entropy, fp8, grad_in_fwd)
+            return (loss.detach(),) + torch.autograd.grad(loss, (xa, wa), torch.tensor(upstream, device=device))
+
+        new, old = run(True, 1 / tg.SLOTS), run(False, 1 / tg.SLOTS)
+        for name, a, b in zip(("loss", "dx", "dW"), new, old):
+            assert torch.equal(a, b), f"{name} differs ({'fp8' if fp8 else dtype} head)"
+        for name, a, b in zip(("dx", "dW"), run(True, 1.0)[1:], new[1:]):
+            assert torch.equal(a, tg.SLOTS * b), f"{name} with an incoming gradient of 1 ({'fp8' if fp8 else dtype})"
+    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS,))] * 2         # two runs with grad_in_fwd per head
+    if len(heads) > 1:
+        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S / (N * tg.SLOTS), 1 / tg.SLOTS)
+        want += [("fp8_head_ce_grad_in_fwd", fp8_scales)] * 2
+    assert calls == want, calls
