@@ -242,7 +242,7 @@ class Hyperparameters:
     # CUDA, bf16/fp16 matrices (kernels/mlp.py), traced into the step: stage 0 223.0 ms/step, flat (ours alone; as
     # custom ops 231.0 vs the record's 254.0, wandering): records/2026-11-26_TracedMLP1xH200
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
-    ce_grad_in_forward: bool = True  # CUDA: the head's CE forward kernel also writes the logits' gradient
+    ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
     stages: tuple = dataclasses.field(default_factory=lambda: STAGES)  # batch / window / lr stages

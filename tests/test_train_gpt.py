@@ -1576,10 +1576,10 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
 
 
 def test_ce_grad_in_forward_flag_and_head_path(device):
-    """On by default; --no-ce-grad-in-forward turns it off; the log's lm_head_matmul line names the CE path on
+    """Off by default (opt-in); --ce-grad-in-forward turns it on; the log's lm_head_matmul line names the CE path on
     CUDA (the CPU runs the CE reference, whatever the flag)."""
-    assert tg.Hyperparameters().ce_grad_in_forward is True
-    assert tg.hyperparameters_from(tg.parse_args(["--smoke", "--no-ce-grad-in-forward"])).ce_grad_in_forward is False
+    assert tg.Hyperparameters().ce_grad_in_forward is False
+    assert tg.hyperparameters_from(tg.parse_args(["--smoke", "--ce-grad-in-forward"])).ce_grad_in_forward is True
     on, off = (tg.build_fns(tg.smoke_hyperparameters(ce_grad_in_forward=f), torch.device(device), compile_model=False)
                for f in (True, False))
     if device == "cuda":
