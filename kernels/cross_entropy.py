@@ -25,7 +25,7 @@ that absolute error becomes a relative error of p several times fp32's unit roun
 (with the running max, |y| is small for the terms that dominate the sum and the gradient). For the same
 reason the loss is summed as w_k * (log S_t + (m_t - z_k)), two small non-negative terms, rather than as
 w_k * (lse_t - z_k). The kernels are written to be bound by the GPU's special-function unit (MUFU: 16 results
-per clock per SM, an eighth of the FP32 rate; by static instruction counts, not yet by a time), so each element
+per clock per SM, an eighth of the FP32 rate; by static instruction counts), so each element
 costs three MUFU operations and little else
 (:func:`_softcap`): s = 1 / (1 + 2^t) with t = c1 x + c0 (the constants -log2(e) / C and B c1 folded on the
 host: one FFMA, where a correctly rounded (x + B) / C took a MUFU.RCP and ~9 other instructions), 2^t and
@@ -89,12 +89,11 @@ per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
     but the bf16 backward. The other instructions fit beside them: compiled for sm_90a with the launch's
     specialisations (Triton 3.6, as on the GPU machines; K=3, BLOCK_V=2048, 4 warps), a 16-element tile of the
     e5m2 backward is 286 instructions of which 48 MUFU, each MUFU taking 8 cycles of a scheduler's unit: by
-    that count the unit is the bound, issue is not. Measured on one H200 at this shape: forward 2.05 ms, e5m2
-    backward + transpose 3.39 ms (bounds 1.77 and 1.77 + 1.15 ms).
+    that count the unit is the bound, issue is not.
   * the gradient in the forward: the logits read once from memory, the gradient written once: e5m2 7.4 GB
     (1.7 ms), bf16 9.9 GB (2.3 ms); MUFU six operations per element (3.5 ms), the bound of both, and the sum of
     the two kernels' MUFU bounds: the kernel saves the backward's memory traffic and launch, not MUFU work.
-records/README.md ("Measurements behind the code") has the kernels' measured times.
+notes/measurements.md has the kernels' measured times.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
 training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
@@ -159,9 +158,8 @@ from kernels.transpose import transpose_copy
 MAX_K = 4
 
 # Launch configuration per logits dtype: columns per tile, warps. bf16: the fastest of TUNING_CANDIDATES on one
-# H200 for the kernels before their three-MUFU form (2026-11-25, `python -m benchmarks --only cross_entropy
-# --tune`; records/README.md), not re-tuned since. fp32: an initial choice (half the columns for the same bytes),
-# not tuned.
+# H200 (`python -m benchmarks --only cross_entropy --tune`) for an earlier form of the kernels, with more MUFU work
+# per element; to tune again. fp32: an initial choice (half the columns for the same bytes), not tuned.
 DEFAULT_CONFIG = {
     torch.bfloat16: dict(BLOCK_V=2048, num_warps=4),
     torch.float32: dict(BLOCK_V=1024, num_warps=8),
@@ -982,7 +980,7 @@ def _fp8_head_grads(g8, g8t, x8, w8, s_g, x_s, w_s, dtype):
 
 def _transposed(t8):
     """A fresh contiguous copy of the 2-D FP8 tensor t8's transpose, by kernels.transpose (the same bytes as
-    ``t8.T.contiguous()``, whose copy kernel moves one byte per thread: records/README.md has its time)."""
+    ``t8.T.contiguous()``, whose copy kernel moves one byte per thread)."""
     out = torch.empty((t8.shape[1], t8.shape[0]), dtype=t8.dtype, device=t8.device)
     return transpose_copy(t8, out)
 

@@ -40,21 +40,15 @@ every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the defau
 gradients (cuBLAS). Inside the trainer's compiled region torch.compile traces the launchers themselves (every
 check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton kernels of
 inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it
-generates. As custom ops they were a call back into Python per launch, 192 per step at stage 0 (12 layers, 8
-micro-steps, two directions), and the trainer's stage-0 step time wandered (191 to 314 ms within one run,
-records/2026-11-26_TracedMLP1xH200). Torch 2.11's C++ wrapper needs three things of them, each seen wrong on
-an H200 (records/2026-11-26_TracedMLP1xH200): plain tensor and integer arguments (a graph whose user kernel
-takes host-made ``TensorDescriptor``s failed to compile: "invalid decimal literal"); two functions, since its
-launcher keys the compiled kernel by the function's name and a graph's backward ran the forward's cubin; and
-global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code
-allocated one program's 512 bytes for the whole grid). The trainer's compile options add
-``triton.store_cubin``, without which a backward graph found no compiled kernel to load.
-
-Speed (one H200, 2026-11-26, ``python -m benchmarks --only mlp``, records/2026-11-26_TracedMLP1xH200 at 353d70d):
-at M = 16384, forward 146.8 us (527 TFLOP/s) against 167.1 us for what the trainer ran before (torch.compile:
-cuBLAS, then a fused pointwise kernel), backward 162.3 us against 188.6. With host-made descriptors (aa6d917,
-records/2026-11-26_FusedMLP1xH200) they took 141.4 and 156.2 us. Record #74's fused kernel took 146.2 us per call
-(forward and backward together) in its profiled stage-0 step (records/2026-11-25_StepProfile1xH200).
+generates: no call back into Python per launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two
+directions). Torch 2.11's C++ wrapper needs three things of them: plain tensor and integer arguments (a graph
+whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys
+the compiled kernel by the function's name (one function for both directions would run the forward's cubin in the
+backward); and global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++
+code allocates one program's 512 bytes for the whole grid). ``--cpp-wrapper``'s options add
+``triton.store_cubin``, without which a backward graph finds no compiled kernel to load. The measured speed of
+these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md (``python -m benchmarks
+--only mlp``).
 """
 import inspect
 
@@ -128,9 +122,8 @@ def _linear_relu2_tiles(
         _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
 
 
-# Two kernels, not one with BACKWARD as its argument: inductor's C++ launcher keys the compiled kernels it loads by
-# the function's name, and a graph's forward and backward loaded one cubin for the two directions (torch 2.11:
-# records/2026-11-26_TracedMLP1xH200).
+# Two kernels, not one with BACKWARD as its argument: torch 2.11's C++ launcher keys the compiled kernels it loads by
+# the function's name, so a graph's forward and backward would load one cubin for the two directions.
 @triton.jit
 def _linear_relu2_fwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -166,8 +159,8 @@ def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
 # Launchers
 # ---------------------------------------------------------------------------------------------------------
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (direction, dtype size). bf16/fp16: chosen on one H200
-# (2026-11-26, `python -m benchmarks --only mlp --tune`, M = 16384: see records/2026-11-26_FusedMLP1xH200). The
-# backward's epilogue also holds pre's tile in shared memory: 4 stages of 128 x 256 x 64 no longer fit (256 KB).
+# (`python -m benchmarks --only mlp --tune`, M = 16384). The backward's epilogue also holds pre's tile in shared
+# memory: 4 stages of 128 x 256 x 64 do not fit (256 KB).
 # fp32: small tiles that fit shared memory with IEEE dots (the tests' path).
 CONFIGS = {
     ("fwd", 2): (128, 256, 64, 8, 4),

@@ -46,8 +46,8 @@ NORM_EPS = 1e-10  # floor of ||u||_F: a zero matrix (shard padding) keeps u = 0 
 # (BLOCK_L, BLOCK_A, stats warps, BLOCK, apply warps): pass 1 lines per program and elements per line per loop
 # iteration, pass 2 elements per program: 32 x 256 fp32 tiles in pass 1, 4096 elements per program in pass 2
 # like kernels.momentum. Checked on one H200 for the 22x3072x768 shards only (`python -m benchmarks --only
-# normuon --tune`; notes/2026-11-23_ModelParity1xH200Short/kernels_bench_normuon_adam.csv): within a few percent
-# of the fastest candidate; the other shape is not tuned.
+# normuon --tune`; the table is in notes/): within a few percent of the fastest candidate; the other shape is not
+# tuned.
 _DEFAULT_CONFIG = (32, 256, 8, 4096, 8)
 TUNING_CANDIDATES = [
     (16, 256, 4, 4096, 8),
