@@ -1,6 +1,6 @@
-"""World sizes 1, 2, 4 and 8 on the CPU (gloo through torchrun; no GPU needed): the same math, the gradient
+"""World sizes 1, 2, 4 and 8 on the CPU (gloo; no GPU needed): the same math, the gradient
 reduce-scatters started during the backward in one order on every rank, and the command that compares world
-sizes side by side (records/world_sizes.py) on 1 and 2. One launch per world size runs
+sizes side by side (records/world_sizes.py) on 1 and 2. The ranks of every world size run
 tests/world_size_worker.py (three optimizer steps and a validation of a small smoke model, every rank
 recording its micro-gradients, reduced rows, optimizer shards, losses, parameters and the order of its hooks
 and collectives); the tests below read those records.
@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,15 +45,6 @@ SMALL = {"num_layers": 3, "ve_tables": [0, -1, 0], "long_window_layers": [1, 2]}
 CPU_ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
 
 
-def _torchrun(nproc, script, *argv, timeout=300):
-    """``script`` on ``nproc`` gloo ranks of this machine's CPU."""
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(script), *map(str, argv)], cwd=REPO, env=CPU_ENV, capture_output=True, text=True,
-                         timeout=timeout)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
 def _write_data(d):
     _make_shard(d / "smoke_train_000001.bin", 120_000, 1)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
@@ -66,13 +58,20 @@ def ws_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ranks(shared_build):
-    """{world size: [the record of each rank]} (tests/world_size_worker.py), built once per session for all xdist
-    workers (four torchrun launches, about a minute on 16 cores)."""
+    """{world size: [the record of each rank]} (tests/world_size_worker.py: one process that forks the ranks of
+    each world size in turn), built once per session for all xdist workers."""
     def build(folder):
         data = _write_data(folder)
-        for world in WORLD_SIZES:
-            (folder / f"ws{world}").mkdir()
-            _torchrun(world, WORKER, folder / f"ws{world}", *data, json.dumps(SMALL))
+        # its own session: on a timeout the ranks it forked go with it
+        argv = [str(folder), *data, json.dumps(SMALL), *map(str, WORLD_SIZES)]
+        proc = subprocess.Popen([sys.executable, str(WORKER), *argv], cwd=REPO, env=CPU_ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        assert proc.returncode == 0, out[-6000:]
 
     root = shared_build("world_sizes", build)
     return {world: [torch.load(root / f"ws{world}" / f"rank{r}.pt", weights_only=False) for r in range(world)]
