@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train_gpt import _make_shard  # the smoke data: next = prev + 7..9 (mod 511), BOS 511
+# the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
+from test_train_gpt import TWO_LAYER_FLAGS, _make_shard
 from tolerances import UNIT_ROUNDOFF, assert_close_report, assert_sum_in_any_order, assert_two_sums_in_any_order, gamma
 
 import train_gpt as tg
@@ -231,15 +232,15 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
 
 
 def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
-    """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps at world sizes 1 and 2
-    (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step and, per profiled
-    stage, the communication time per step (none at world size 1; the gloo collectives at 2), its overlapped
-    share and exposed time (busy = overlapped + exposed). The first step's train loss (before any update) is
-    the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each as
-    printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
+    """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps (two layers) at world
+    sizes 1 and 2 (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step
+    and, per profiled stage, the communication time per step (none at world size 1; the gloo collectives at 2),
+    its overlapped share and exposed time (busy = overlapped + exposed). The first step's train loss (before any
+    update) is the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each
+    as printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
     train, val = ws_data
     flags = ["--smoke", "--train-files", train, "--val-files", val, "--steps", "2", "--extension-steps", "0",
-             "--val-every", "0"]
+             "--val-every", "0", *TWO_LAYER_FLAGS]
     res = subprocess.run([sys.executable, str(REPO / "records" / "world_sizes.py"), "--nproc", "1,2", "--out",
                           str(tmp_path), "--run-id", "cmp", "--profile-steps", "1", "--json", "--", *flags],
                          cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=300)
