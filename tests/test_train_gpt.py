@@ -312,7 +312,7 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
     even step) ran no Adam update. adam_every=2 as in the speedrun (the smoke schedule's 1 makes every step
     slow). Afterwards the state is the initial one again."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2)
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2, **TWO_LAYERS)
     assert not tg.slow_adam_step(hp, tg.stage_bounds(hp)[-1][0]), "the last stage must start on a fast step"
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
@@ -1511,7 +1511,7 @@ def test_smoke_log_holds_the_logged_sources(smoke_run):
 
 def test_compile_cache_without_compilation_is_reported_unused(smoke_data, tmp_path):
     log_path, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "cc", "--steps", "2", "--extension-steps", "0",
-                                      "--compile-cache", str(tmp_path / "cc"), "--no-compile"))
+                                      "--compile-cache", str(tmp_path / "cc"), "--no-compile", *TWO_LAYER_FLAGS))
     text = Path(log_path).read_text()
     assert f"compile_cache: --compile-cache {tmp_path / 'cc'} not used (nothing is compiled)" in text
     assert not (tmp_path / "cc").exists()
