@@ -235,10 +235,10 @@ def main(families, sass=False, jobs=1):
         results = (compile_family(f, sass) for f in families)
     else:  # fork: nothing has run a torch operator yet (no thread pool to inherit)
         import multiprocessing
-        pool = multiprocessing.get_context("fork").Pool(min(jobs, len(families)))
-        results = pool.starmap(compile_family, [(f, sass) for f in families], chunksize=1)
-        pool.close()
-        pool.join()
+        from concurrent.futures import ProcessPoolExecutor
+        # (a process that dies, e.g. in the compiler, raises BrokenProcessPool here instead of hanging)
+        with ProcessPoolExecutor(min(jobs, len(families)), mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(compile_family, families, [sass] * len(families)))
     for lines in results:
         print("\n".join(lines), flush=True)
 
