@@ -1,13 +1,16 @@
-"""Compiles the Triton kernels of one kernel family for an H100/H200 (sm_90a) on a machine without a GPU.
+"""Compiles the Triton kernels of kernel families for an H100/H200 (sm_90a) on a machine without a GPU.
 
-``python tests/sm90_compile_worker.py FAMILY`` (run by tests/test_sm90_compile.py; TRITON_INTERPRET must be unset,
-so that ``@triton.jit`` makes real JIT functions): calls the family's launchers the way train_gpt.py does, with
-the launch configurations the GPU uses, on small CPU tensors. Nothing is launched: ``JITFunction.run`` is
-replaced by a recorder, and each launcher's device check is waived. Every distinct launch (kernel, argument
-types, constexpr values, launch options) is then compiled with ``triton.compile`` for target ("cuda", 90): Triton
-to TTIR, TTGIR, LLVM IR, PTX, and ptxas to a cubin. Prints a JSON line {"defined": the family module's kernels (its
-``*_kernel`` JIT functions)}, then one per launch: {"kernel", "signature", "constexprs", "options", "ok", "error"}
-(error: the compiler's last lines).
+``python tests/sm90_compile_worker.py FAMILY [FAMILY ...] [--sass] [--jobs N]`` (run by tests/test_sm90_compile.py;
+TRITON_INTERPRET must be unset, so that ``@triton.jit`` makes real JIT functions): calls each family's launchers
+the way train_gpt.py does, with the launch configurations the GPU uses, on small CPU tensors. Nothing is launched:
+``JITFunction.run`` is replaced by a recorder, and each launcher's device check is waived. Every distinct launch
+(kernel, argument types, constexpr values, launch options) is then compiled with ``triton.compile`` for target
+("cuda", 90): Triton to TTIR, TTGIR, LLVM IR, PTX, and ptxas to a cubin. Prints, per family in the order given, a
+JSON line {"family", "defined": the family module's kernels (its ``*_kernel`` JIT functions)}, then one per
+launch: {"family", "kernel", "signature", "constexprs", "options", "ok", "error"} (error: the compiler's last
+lines); a family whose launchers raise prints {"family", "error"} instead. ``--jobs N``: N processes, forked after
+the imports, each compiling whole families (default 1: all in this process); the families' lines still come in
+the order given.
 
 Why: the CPU tests run the kernels in Triton's interpreter, which accepts programs the GPU compiler rejects
 (and the reverse); this catches the GPU compiler's errors in CI. Argument types are mapped as Triton's launcher
@@ -202,21 +205,24 @@ def sass_counts(cubin):
     return dict(instructions=n, mufu=mufu, loop_instructions=ln, loop_mufu=lmufu, inner_loops=inner)
 
 
-def main(family, sass=False):
+def compile_family(family, sass=False):
+    """The JSON lines of one family (module docstring)."""
     launches = record_launches()
-    waive_device_checks()
-    call_family(family)
+    try:
+        call_family(family)
+    except Exception:  # noqa: BLE001 - reported, the test fails on it
+        return [json.dumps(dict(family=family, error="".join(traceback.format_exc().splitlines(True)[-12:])))]
     module = sys.modules[f"kernels.{family}"]
     defined = sorted(n for n, v in vars(module).items() if isinstance(v, JITFunction) and n.endswith("_kernel"))
-    print(json.dumps(dict(defined=defined)), flush=True)
+    lines = [json.dumps(dict(family=family, defined=defined))]
     seen = set()
     for fn, signature, constexprs, options, attrs in launches:
         key = (fn.__name__, json.dumps(signature), repr(sorted(constexprs.items())), repr(sorted(options.items())))
         if key in seen:
             continue
         seen.add(key)
-        row = dict(kernel=fn.__name__, signature=signature, constexprs={k: repr(v) for k, v in constexprs.items()},
-                   options=options, ok=True, error="")
+        row = dict(family=family, kernel=fn.__name__, signature=signature,
+                   constexprs={k: repr(v) for k, v in constexprs.items()}, options=options, ok=True, error="")
         try:
             src = ASTSource(fn, signature, constexprs, attrs if sass else None)
             compiled = triton.compile(src, target=TARGET, options=options)
@@ -224,8 +230,32 @@ def main(family, sass=False):
                 row["sass"] = sass_counts(compiled.asm["cubin"])
         except Exception:  # noqa: BLE001 - reported, the test fails on it
             row.update(ok=False, error="".join(traceback.format_exc().splitlines(True)[-12:]))
-        print(json.dumps(row), flush=True)
+        lines.append(json.dumps(row))
+    return lines
+
+
+def main(families, sass=False, jobs=1):
+    import importlib
+    for family in families:  # imported before the fork, so that each process does not import them again
+        importlib.import_module(f"kernels.{family}")
+    waive_device_checks()
+    if jobs <= 1:
+        results = (compile_family(f, sass) for f in families)
+    else:  # fork: nothing has run a torch operator yet (no thread pool to inherit)
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        # (a process that dies, e.g. in the compiler, raises BrokenProcessPool here instead of hanging)
+        with ProcessPoolExecutor(min(jobs, len(families)), mp_context=multiprocessing.get_context("fork")) as pool:
+            results = list(pool.map(compile_family, families, [sass] * len(families)))
+    for lines in results:
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sass="--sass" in sys.argv[2:])
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("families", nargs="+", metavar="FAMILY")
+    ap.add_argument("--sass", action="store_true", help="16-byte specialised, with the cubins' instruction counts")
+    ap.add_argument("--jobs", type=int, default=1, help="processes compiling families in parallel")
+    a = ap.parse_args()
+    main(a.families, sass=a.sass, jobs=a.jobs)

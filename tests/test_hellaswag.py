@@ -24,7 +24,8 @@ import torch
 import evaluation as ev
 import train_gpt as tg
 from data import hellaswag as hs
-from test_train_gpt import _make_shard  # the smoke data: next = prev + 7..9 (mod 511), BOS 511
+# the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
+from test_train_gpt import TWO_LAYER_FLAGS, _make_shard
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -282,7 +283,7 @@ def smoke_run(tmp_path_factory):
             "--smoke", "--train-files", str(d / "smoke_train_*.bin"), "--val-files", str(d / "smoke_val_*.bin"),
             "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), "--run-id", "hs",
             "--steps", "4", "--extension-steps", "1", "--val-every", "0",
-            "--hellaswag-every", "2", "--hellaswag-file", str(NUMBERS)])
+            "--hellaswag-every", "2", "--hellaswag-file", str(NUMBERS), *TWO_LAYER_FLAGS])
     finally:
         mp.undo()
     return Path(log_path), Path(ckpt_dir) / "step_000005"

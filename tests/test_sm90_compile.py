@@ -15,23 +15,39 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HAS_CUDA
+from tests.conftest import _THREADS, HAS_CUDA
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ["adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"]
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the suite compiles and runs every kernel for real")
-@pytest.mark.parametrize("family", FAMILIES)
-def test_kernels_compile_for_sm90(family):
-    """Each launch of the family compiles to an sm_90a cubin, and every ``*_kernel`` of kernels/<family>.py is
-    among them (a kernel no launch reaches would go unchecked)."""
+@pytest.fixture(scope="module")
+def compiled():
+    """(the worker's exit status and stderr, {family: its JSON lines}) of one worker run for every family, each
+    compiled in one of this worker's share of the CPU cores (imports once, compiles in parallel)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")  # Triton's GPU default, stated
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), family], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    first, *rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), *FAMILIES, "--jobs",
+                           str(_THREADS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    lines = {f: [] for f in FAMILIES}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            lines[row["family"]].append(row)
+    return (proc.returncode, proc.stderr[-4000:]), lines
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the suite compiles and runs every kernel for real")
+@pytest.mark.xdist_group("sm90_compile")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernels_compile_for_sm90(family, compiled):
+    """Each launch of the family compiles to an sm_90a cubin, and every ``*_kernel`` of kernels/<family>.py is
+    among them (a kernel no launch reaches would go unchecked)."""
+    (code, stderr), lines = compiled
+    assert code == 0, stderr
+    assert lines[family], f"no output for {family}: {stderr}"
+    first, *rows = lines[family]
+    assert "error" not in first, first["error"]
     assert rows, "no launch recorded"
     failed = [f"{r['kernel']} {r['signature']} {r['constexprs']} {r['options']}:\n{r['error']}" for r in rows
               if not r["ok"]]
@@ -54,7 +70,8 @@ def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), "cross_entropy", "--sass"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")][1:]
+    first, *rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert "error" not in first, first["error"]
     assert all(r["ok"] for r in rows), [r["error"] for r in rows if not r["ok"]]
     row_kernels = [r for r in rows if r["kernel"] in ("_ce_fwd_kernel", "_ce_bwd_kernel")]
     assert {r["kernel"] for r in row_kernels} == {"_ce_fwd_kernel", "_ce_bwd_kernel"}

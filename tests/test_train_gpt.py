@@ -62,6 +62,16 @@ def _smoke_argv(data, out, run_id, *extra):
             "--log-dir", str(out / "logs"), "--checkpoint-dir", str(out / "ckpt"), "--run-id", run_id, *extra]
 
 
+# The smoke model with two layers instead of four, every feature still on (two lanes from layer 1, the skip from
+# layer 0 to 1): for the tests of the run's machinery (the timed loop, profiling, the world-size command), which
+# the model's size does not change. On the CPU a step's time is mostly a cost per operator (Python, autograd, the
+# profiler's events), so half the layers take about half the time.
+TWO_LAYERS = {"num_layers": 2, "ve_tables": (0, 0), "long_window_layers": (1,), "skip_from": 0, "skip_to": 1,
+              "parallel_start": 1, "paired_head_layers": (0,), "backout_layer": 1}
+TWO_LAYER_FLAGS = [a for k, v in TWO_LAYERS.items()
+                   for a in ("--" + k.replace("_", "-"), ",".join(map(str, v)) if isinstance(v, tuple) else str(v))]
+
+
 def _parse(log_path):
     text = Path(log_path).read_text()
     steps, vals = {}, {}
@@ -302,7 +312,7 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
     even step) ran no Adam update. adam_every=2 as in the speedrun (the smoke schedule's 1 makes every step
     slow). Afterwards the state is the initial one again."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2)
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2, **TWO_LAYERS)
     assert not tg.slow_adam_step(hp, tg.stage_bounds(hp)[-1][0]), "the last stage must start on a fast step"
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
@@ -401,8 +411,10 @@ def test_timed_loop_logs_each_step_once_the_device_finished_it(smoke_data, tmp_p
     step k's line, with the same train losses as the CPU's clock (a step finished when train_step returns), one
     step time per step, and times that never go back."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), val_every=3)
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), scheduled_steps=4, extension_steps=1,
+                                  val_every=2, **TWO_LAYERS)
     assert hp.log_train_loss and hp.total_steps > 2 * hp.val_every
+    assert [end - start for start, end, _ in tg.stage_bounds(hp)] == [2, 2, 1]
 
     def run(event):
         tr, _ = clock_journal(monkeypatch, hp)
@@ -950,9 +962,10 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
 
 
 def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_data, tmp_path):
-    """--profile-steps 1 on a 2-step smoke run (two stages of one step): a trace per stage and a table in the log,
-    then the same loss lines as the same run without profiling (the profiled steps are followed by a reset)."""
-    short = ("--steps", "2", "--extension-steps", "0", "--val-every", "0")
+    """--profile-steps 1 on a 2-step smoke run (two layers, two stages of one step): a trace per stage and a table in
+    the log, then the same loss lines as the same run without profiling (the profiled steps are followed by a
+    reset)."""
+    short = ("--steps", "2", "--extension-steps", "0", "--val-every", "0", *TWO_LAYER_FLAGS)
     log_ref, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "noprof", *short))
     log2, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "prof", *short, "--profile-steps", "1"))
     _, steps_ref, vals_ref = _parse(log_ref)
@@ -1542,7 +1555,7 @@ def test_smoke_log_holds_the_logged_sources(smoke_run):
 
 def test_compile_cache_without_compilation_is_reported_unused(smoke_data, tmp_path):
     log_path, _ = tg.main(_smoke_argv(smoke_data, tmp_path, "cc", "--steps", "2", "--extension-steps", "0",
-                                      "--compile-cache", str(tmp_path / "cc"), "--no-compile"))
+                                      "--compile-cache", str(tmp_path / "cc"), "--no-compile", *TWO_LAYER_FLAGS))
     text = Path(log_path).read_text()
     assert f"compile_cache: --compile-cache {tmp_path / 'cc'} not used (nothing is compiled)" in text
     assert not (tmp_path / "cc").exists()

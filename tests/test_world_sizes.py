@@ -1,6 +1,6 @@
-"""World sizes 1, 2, 4 and 8 on the CPU (gloo through torchrun; no GPU needed): the same math, the gradient
+"""World sizes 1, 2, 4 and 8 on the CPU (gloo; no GPU needed): the same math, the gradient
 reduce-scatters started during the backward in one order on every rank, and the command that compares world
-sizes side by side (records/world_sizes.py) on 1 and 2. One launch per world size runs
+sizes side by side (records/world_sizes.py) on 1 and 2. The ranks of every world size run
 tests/world_size_worker.py (three optimizer steps and a validation of a small smoke model, every rank
 recording its micro-gradients, reduced rows, optimizer shards, losses, parameters and the order of its hooks
 and collectives); the tests below read those records.
@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train_gpt import _make_shard  # the smoke data: next = prev + 7..9 (mod 511), BOS 511
+# the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
+from test_train_gpt import TWO_LAYER_FLAGS, _make_shard
 from tolerances import UNIT_ROUNDOFF, assert_close_report, assert_sum_in_any_order, assert_two_sums_in_any_order, gamma
 
 import train_gpt as tg
@@ -44,15 +46,6 @@ SMALL = {"num_layers": 3, "ve_tables": [0, -1, 0], "long_window_layers": [1, 2]}
 CPU_ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
 
 
-def _torchrun(nproc, script, *argv, timeout=300):
-    """``script`` on ``nproc`` gloo ranks of this machine's CPU."""
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(script), *map(str, argv)], cwd=REPO, env=CPU_ENV, capture_output=True, text=True,
-                         timeout=timeout)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
 def _write_data(d):
     _make_shard(d / "smoke_train_000001.bin", 120_000, 1)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
@@ -66,13 +59,20 @@ def ws_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ranks(shared_build):
-    """{world size: [the record of each rank]} (tests/world_size_worker.py), built once per session for all xdist
-    workers (four torchrun launches, about a minute on 16 cores)."""
+    """{world size: [the record of each rank]} (tests/world_size_worker.py: one process that forks the ranks of
+    each world size in turn), built once per session for all xdist workers."""
     def build(folder):
         data = _write_data(folder)
-        for world in WORLD_SIZES:
-            (folder / f"ws{world}").mkdir()
-            _torchrun(world, WORKER, folder / f"ws{world}", *data, json.dumps(SMALL))
+        # its own session: on a timeout the ranks it forked go with it
+        argv = [str(folder), *data, json.dumps(SMALL), *map(str, WORLD_SIZES)]
+        proc = subprocess.Popen([sys.executable, str(WORKER), *argv], cwd=REPO, env=CPU_ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        assert proc.returncode == 0, out[-6000:]
 
     root = shared_build("world_sizes", build)
     return {world: [torch.load(root / f"ws{world}" / f"rank{r}.pt", weights_only=False) for r in range(world)]
@@ -232,15 +232,15 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
 
 
 def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
-    """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps at world sizes 1 and 2
-    (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step and, per profiled
-    stage, the communication time per step (none at world size 1; the gloo collectives at 2), its overlapped
-    share and exposed time (busy = overlapped + exposed). The first step's train loss (before any update) is
-    the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each as
-    printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
+    """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps (two layers) at world
+    sizes 1 and 2 (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step
+    and, per profiled stage, the communication time per step (none at world size 1; the gloo collectives at 2),
+    its overlapped share and exposed time (busy = overlapped + exposed). The first step's train loss (before any
+    update) is the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each
+    as printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
     train, val = ws_data
     flags = ["--smoke", "--train-files", train, "--val-files", val, "--steps", "2", "--extension-steps", "0",
-             "--val-every", "0"]
+             "--val-every", "0", *TWO_LAYER_FLAGS]
     res = subprocess.run([sys.executable, str(REPO / "records" / "world_sizes.py"), "--nproc", "1,2", "--out",
                           str(tmp_path), "--run-id", "cmp", "--profile-steps", "1", "--json", "--", *flags],
                          cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=300)

@@ -1,10 +1,14 @@
-"""One rank of the world-size tests (tests/test_world_sizes.py), started by torchrun on the CPU (gloo):
+"""The ranks of the world-size tests (tests/test_world_sizes.py), on the CPU (gloo):
 
-    torchrun --standalone --nproc_per_node=W tests/world_size_worker.py OUT TRAIN_GLOB VAL_GLOB [OVERRIDES_JSON]
+    python tests/world_size_worker.py OUT TRAIN_GLOB VAL_GLOB OVERRIDES_JSON W [W ...]
 
-Builds the smoke Trainer (OVERRIDES_JSON: Hyperparameters fields), runs step 0, step 1 and the untie step
-(three optimizer steps; the third unties the embedding from the LM head) and a validation, and writes
-OUT/rank<r>.pt with what the test compares across ranks and world sizes:
+For each world size W in turn, this process forks W ranks and waits for them: each rank gets the environment
+torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so train_gpt.setup_distributed starts
+the gloo process group as under torchrun. Forked ranks share the one import of torch and the trainer (seconds of
+CPU each, and 1 + 2 + 4 + 8 ranks share 2 cores in CI); the torchrun launch itself is tested by
+records/world_sizes.py's test. Each rank builds the smoke Trainer (OVERRIDES_JSON: Hyperparameters fields), runs
+step 0, step 1 and the untie step (three optimizer steps; the third unties the embedding from the LM head) and a
+validation, and writes OUT/wsW/rank<r>.pt with what the test compares across ranks and world sizes:
 
 * ``grads[s][j][name]``: the gradient of every parameter in micro-step j of step s, as the autograd hook on the
   parameter sees it (complete, before the optimizer's post-accumulate hook folds it into its accumulator);
@@ -27,7 +31,11 @@ below the rounding of its sum takes either sign in another order (tests/toleranc
 reduce-scatter returned is checked separately, against the exact sum (rule 4).
 """
 import json
+import os
+import signal
+import socket
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -132,6 +140,48 @@ def main(out, train, val, overrides):
         dist.destroy_process_group()
 
 
+def launch(world, out, train, val, overrides):
+    """Forks the ``world`` ranks of one world size and waits for them; a rank that fails stops the others.
+    Returns (rank, exit status) of the first rank that failed, or None when every rank wrote its record."""
+    with socket.socket() as s:  # a free port for rank 0's store, as torchrun --standalone picks one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:  # the rank: its record, then out without running the parent's exit handlers
+            code = 1
+            try:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                                  LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                main(out, train, val, overrides)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    failed = None
+    while pids:
+        pid, status = os.wait()
+        rank = pids.pop(pid)
+        if os.waitstatus_to_exitcode(status) != 0 and failed is None:
+            failed = rank, os.waitstatus_to_exitcode(status)
+            for other in pids:  # the others would wait for the failed rank in their next collective
+                os.kill(other, signal.SIGKILL)
+    return failed
+
+
 if __name__ == "__main__":
-    over = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
-    main(sys.argv[1], sys.argv[2], sys.argv[3], {k: tuple(v) if isinstance(v, list) else v for k, v in over.items()})
+    out_dir, train_glob, val_glob, over = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    over = {k: tuple(v) if isinstance(v, list) else v for k, v in over.items()}
+    for w in map(int, sys.argv[5:]):
+        (Path(out_dir) / f"ws{w}").mkdir(exist_ok=True)
+        failed = launch(w, Path(out_dir) / f"ws{w}", train_glob, val_glob, over)
+        if failed:
+            sys.exit(f"world_size_worker.py: world size {w}: rank {failed[0]} failed (exit status {failed[1]}), "
+                     f"the other ranks were stopped")
