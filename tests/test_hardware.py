@@ -40,8 +40,9 @@ def test_sm_count_traces_without_a_dynamo_warning(monkeypatch):
     """The compiled training step traces sm_count (the fused MLP's launcher plans its programs with it): dynamo
     must trace it without a warning (a functools cache there earns "Dynamo detected a call to a
     `functools.lru_cache`-wrapped function ... Silent incorrectness is only a *potential* risk", twice per GPU run),
-    and the compiled value is the device's. CPU: torch.compile's eager backend, the CUDA query replaced by a
-    device of 132 SMs (a named tuple: what dynamo can hold as the query's constant result)."""
+    and the compiled value is the device's, one graph for every call (no cache whose filling recompiles). CPU:
+    torch.compile's eager backend, the CUDA query replaced by a device of 132 SMs (a named tuple: what dynamo can
+    hold as the query's constant result)."""
     props = collections.namedtuple("Properties", "multi_processor_count")(132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -50,10 +51,15 @@ def test_sm_count_traces_without_a_dynamo_warning(monkeypatch):
         return x * hardware.sm_count(torch.device("cuda", 0), 4) + hardware.sm_count(torch.device("cuda"), 4)
 
     torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(scaled, backend="eager", fullgraph=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = torch.compile(scaled, backend="eager", fullgraph=True)(torch.ones(2))
+        out = compiled(torch.ones(2))
+        again = compiled(torch.ones(2))  # the same graph: nothing the first call filled is guarded (a dict cache is)
+    graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     assert [str(w.message) for w in caught] == []
-    assert out.tolist() == [264.0, 264.0]
+    assert out.tolist() == again.tolist() == [264.0, 264.0] and graphs == 1
     assert hardware.sm_count(torch.device("cpu"), 4) == 4
