@@ -1585,14 +1585,19 @@ def hold_run_folder(folder):
     """Create a run's checkpoint folder (CHECKPOINT_DIR/RUN_ID, at its first save, by rank 0) and hold an exclusive
     flock on it for the rest of this process: the descriptor is never closed, and the kernel drops the lock when the
     process ends, however it ends (kill -9 included). So run_is_live tells a live run's save in progress
-    (step_NNNNNN.tmp) from one that a stopped run left behind."""
+    (step_NNNNNN.tmp) from one that a stopped run left behind. On a file system without flock the folder stays
+    unlocked (and run_is_live calls every run there live)."""
     Path(folder).mkdir(parents=True)
-    fcntl.flock(os.open(folder, os.O_RDONLY), fcntl.LOCK_EX)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
 
 
 def run_is_live(folder):
-    """Whether a live process holds the lock of the run folder ``folder`` (hold_run_folder); False for a folder
-    that is gone."""
+    """Whether the run folder ``folder`` may belong to a live run: a process holds its lock (hold_run_folder), or
+    the file system cannot tell (no flock). False for a folder that is gone."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -1600,7 +1605,7 @@ def run_is_live(folder):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own lock, if we get it, goes with the close below
         return False
-    except BlockingIOError:
+    except OSError:  # BlockingIOError: held by a live process
         return True
     finally:
         os.close(fd)

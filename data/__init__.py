@@ -3,6 +3,8 @@
 - ``data/shards.py``: the one module that knows the on-disk format (header, validation, loading, globbing).
 - ``data/cached_fineweb10B.py N``: downloads the GPT-2 tokens of FineWeb10B (val shard + N train shards).
 - ``data/prepare_text.py``: tokenizes local text into shards of the same format.
+- ``data/smoke_corpus.py``: ``train_gpt.py --smoke``'s corpus when there are no shards: this repository's text
+  as bytes.
 
 See ``data/README.md`` for the byte layout and examples.
 """
