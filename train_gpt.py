@@ -1941,9 +1941,9 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed, keep_last=
                         f"step_avg:{train_ms / max(step, 1):.2f}ms")
             if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
                 with clock_stopped():
-                    windows = windows_at(hp, min(step, T_total - 1))
-                    res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                                                  windows))
+                    model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                         windows_at(hp, min(step, T_total - 1)))
+                    res = trainer.hellaswag.evaluate(model)
                     log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
             if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
                 with clock_stopped():
@@ -1968,8 +1968,8 @@ def smoke_corpus(hp, args, d):
     """--smoke with the default --train-files and --val-files both matching no file: hp reading the byte-level
     corpus of this repository's *.py and *.md files (data/smoke_corpus.py), written to SMOKE_CORPUS unless it is
     there, said in one line. Otherwise hp as it is: globs given on the command line are used as given."""
-    if not args.smoke or args.train_files is not None or args.val_files is not None or (
-            glob.glob(hp.train_files) or glob.glob(hp.val_files)):
+    given = args.train_files is not None or args.val_files is not None
+    if not args.smoke or given or glob.glob(hp.train_files) or glob.glob(hp.val_files):
         return hp
     train_files, val_files, made = write_smoke_corpus(SMOKE_CORPUS)
     if d.rank == 0:
@@ -2133,7 +2133,7 @@ HP_RANGES = {
     "val_every": (0, None), "save_every": (0, None), "hellaswag_every": (0, None), "hellaswag_limit": (0, None),
     "seed": (0, 2**64 - 1),  # what torch.Generator.manual_seed takes without wrapping around
 }
-# The same for the flags that are not hyperparameters (sampling).
+# The same for the flags that are not hyperparameters (sampling, --keep-last).
 ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None),
               "keep_last": (0, None)}
 
@@ -2324,8 +2324,8 @@ def main(argv=None):
         raise SystemExit(2) from None
     except KeyboardInterrupt as e:
         if launch_rank() == 0:
-            print(f"train_gpt.py: {(isinstance(e, Interrupted) and e.message) or 'interrupted'}", file=sys.stderr,
-                  flush=True)
+            line = e.message if isinstance(e, Interrupted) and e.message else "interrupted"
+            print(f"train_gpt.py: {line}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     finally:
         if signal.getsignal(signal.SIGINT) is interrupt_once:  # after a Ctrl-C it stays ignored: the process ends
