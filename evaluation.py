@@ -13,6 +13,7 @@ its candidates one at a time); ``acc`` picks the ending with the highest summed 
 the highest mean per ending token. Sampling: ``generate`` draws one token at a time with ``next_token``.
 """
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -141,11 +142,25 @@ def generate(logits, prompt, max_new_tokens, temperature, top_k, generator, devi
     return ids
 
 
+def write_new_result(folder, stem, text):
+    """Write ``text`` to folder/STEM_N.json, N the smallest >= 1 whose file does not exist, and return its path.
+    The file is created exclusively: an earlier result is never overwritten, two evaluations never share a file."""
+    for n in itertools.count(1):
+        path = Path(folder) / f"{stem}_{n}.json"
+        try:
+            with open(path, "x") as f:
+                f.write(text)
+            return path
+        except FileExistsError:
+            continue
+
+
 def evaluate_hellaswag(args, d, load_model, model_logits, block):
     """--hellaswag CHECKPOINT (args.hellaswag; args.hellaswag_file / hellaswag_limit override the checkpoint's):
-    the accuracy of the checkpoint's model, printed and written to hellaswag.json next to it. load_model(path, d)
-    -> (hp, params, fns) and model_logits(hp, params, fns, rot_cache) -> logits: train_gpt.py's; block: its
-    window unit (the packs' length is a multiple of it)."""
+    the accuracy of the checkpoint's model, printed and written to a new file in the checkpoint folder
+    (write_new_result: hellaswag_1.json, hellaswag_2.json, ...; an earlier result is never overwritten), whose path
+    is printed too. load_model(path, d) -> (hp, params, fns) and model_logits(hp, params, fns, rot_cache) ->
+    logits: train_gpt.py's; block: its window unit (the packs' length is a multiple of it)."""
     hp, params, fns = load_model(args.hellaswag, d)
     over = {k: getattr(args, k) for k in ("hellaswag_file", "hellaswag_limit") if getattr(args, k) is not None}
     hp = dataclasses.replace(hp, **over)
@@ -160,7 +175,8 @@ def evaluate_hellaswag(args, d, load_model, model_logits, block):
         print(f"hellaswag acc: {res['acc']:.4f} acc_norm: {res['acc_norm']:.4f} ({res['examples']} examples)")
         print(f"hellaswag_eval: {res['packs']} packs of {bench.packs[0].ids.numel() if bench.packs else 0} tokens "
               f"on rank 0, {res['seconds']} s, {res['compiled_graphs']} graphs compiled")
-        (Path(args.hellaswag) / "hellaswag.json").write_text(json.dumps(res, indent=1) + "\n")
+        path = write_new_result(args.hellaswag, "hellaswag", json.dumps(res, indent=1) + "\n")
+        print(f"hellaswag_result: {path}")
     return res
 
 

@@ -3,11 +3,11 @@
 
 A log is self-contained: it starts with the source of every repository module the run imported
 (``source_dump``: train_gpt.py and the modules beside it, kernels/, data/; never tests/ or benchmarks/), then a
-line of 100 '=', the header (``header_lines``: git sha, versions, GPU, world size, corpus, hyperparameters,
-nvidia-smi), another line of 100 '=', and the run's events; ``open_log`` writes all that before the events, and
-``log_summary`` the footer after them. ``Logger`` writes on rank 0 only and never overwrites a log: a run id is
-checked before anything starts (``check_run_id``: a plain name whose log and checkpoint folder do not exist yet)
-or made new (``new_run_id``).
+line of 100 '=', the header (``header_lines``: git sha, versions, GPU, world size, corpus, hyperparameters, the
+run a resumed run continues, nvidia-smi), another line of 100 '=', and the run's events; ``open_log`` writes all
+that before the events, and ``log_summary`` the footer after them. ``Logger`` writes on rank 0 only and never
+overwrites a log: a run id is checked before anything starts (``check_run_id``: a plain name whose log and
+checkpoint folder do not exist yet) or made new (``new_run_id``).
 """
 import dataclasses
 import hashlib
@@ -79,10 +79,15 @@ class Logger:
             print(line, flush=True)
 
 
-def header_lines(hp, d, train_files, val_files):
+def header_lines(hp, d, train_files, val_files, continues=None):
+    """The header's lines; continues: the run a resumed run continues ({"checkpoint", "step", "id", "log"}), named in
+    a `continues:` line."""
     gpu = (f"{torch.cuda.get_device_name(d.device)} x {d.world}" if d.device.type == "cuda"
            else f"cpu x {d.world}")
     val_sha = hashlib.sha256(Path(val_files[0]).read_bytes()).hexdigest()[:16]
+    resumed = [] if continues is None else [
+        f"continues: run {continues['id']} (log {continues['log'] or 'not named in the checkpoint'}) from "
+        f"{continues['checkpoint']}, step {continues['step']}"]
     hp_json = json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(hp).items()
                           if k != "stages"} | {"stages": [dataclasses.asdict(s) for s in hp.stages]})
     return [
@@ -95,6 +100,7 @@ def header_lines(hp, d, train_files, val_files):
         f"world_size: {d.world}",
         f"corpus: {hp.train_files} (val sha256[:16] {val_sha})",
         f"hyperparameters: {hp_json}",
+        *resumed,
         f"Running PyTorch {torch.__version__} compiled for CUDA {torch.version.cuda}",
         nvidia_smi() if d.device.type == "cuda" else "nvidia-smi: no GPU",
     ]
@@ -130,10 +136,11 @@ def new_run_id(d):
     return run_id[0]
 
 
-def open_log(hp, args, d, train_files, val_files, run_id):
-    """The run's log LOG_DIR/RUN_ID.txt (args.log_dir), started with the code that ran and the header, then its
-    own path and the checkpoint folder's (printed too). The log is created, never overwritten: check_run_id refused
-    a taken --run-id, and a log made since then by another process is a SettingsError here."""
+def open_log(hp, args, d, train_files, val_files, run_id, continues=None):
+    """The run's log LOG_DIR/RUN_ID.txt (args.log_dir), started with the code that ran and the header (continues:
+    as header_lines takes it), then its own path and the checkpoint folder's (printed too). The log is created,
+    never overwritten: check_run_id refused a taken --run-id, and a log made since then by another process is a
+    SettingsError here."""
     path = Path(args.log_dir) / f"{run_id}.txt"
     try:
         log = Logger(path, d.rank == 0)
@@ -141,7 +148,7 @@ def open_log(hp, args, d, train_files, val_files, run_id):
         raise SettingsError(f"--run-id {run_id}: the log {path} exists (a log is never overwritten)") from None
     log(source_dump(), console=False)
     log("=" * 100, console=False)
-    for line in header_lines(hp, d, train_files, val_files):
+    for line in header_lines(hp, d, train_files, val_files, continues):
         log(line, console=False)
     log("=" * 100, console=False)
     log(f"log_file: {path}")

@@ -1,7 +1,7 @@
 """GPT-2 (124M class) speedrun trainer: one flat file, no nn.Module tree.
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
-      python train_gpt.py --smoke                                   (tiny CPU run, about a minute on 2 cores)
+      python train_gpt.py --smoke      (tiny CPU run, about a minute on 2 cores; no shards: this repository's text)
       python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
       python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
@@ -15,8 +15,8 @@ it imports (they import nothing from it): run_log.py (the shards and the run id;
 header and footer), compilation.py (the compile warmup's report, --compile-cache, the recompile check),
 profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling, the --hellaswag and --sample modes) and
 flags.py (the flags made from Hyperparameters, the settings' error); kernels/ holds the Triton kernels and the
-FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format and
-the HellaSwag set.
+FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format, the
+HellaSwag set and --smoke's corpus when there are no shards (data/smoke_corpus.py).
 
 Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
 6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
@@ -116,13 +116,18 @@ smoke step, and tests/test_<kernel>.py test the kernels themselves, in the inter
 """
 import contextlib
 import dataclasses
+import fcntl
 import gc
+import glob
 import math
 import os
 import queue
+import shutil
+import signal
 import sys
 import threading
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -134,7 +139,6 @@ if not torch.cuda.is_available():
     # The kernels must see TRITON_INTERPRET before their @triton.jit functions are defined, i.e. before import.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -142,6 +146,7 @@ from compilation import Compilation, cpp_wrapper_options
 from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError
 from data.shards import ShardError, check_token_ids, load_shard
+from data.smoke_corpus import write_smoke_corpus
 from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
@@ -1595,20 +1600,68 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp):
+def hold_run_folder(folder):
+    """Create a run's checkpoint folder (CHECKPOINT_DIR/RUN_ID, at its first save, by rank 0) and hold an exclusive
+    flock on it for the rest of this process: the descriptor is never closed, and the kernel drops the lock when the
+    process ends, however it ends (kill -9 included). So run_is_live tells a live run's save in progress
+    (step_NNNNNN.tmp) from one that a stopped run left behind. On a file system without flock the folder stays
+    unlocked (and run_is_live calls every run there live)."""
+    Path(folder).mkdir(parents=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+
+
+def run_is_live(folder):
+    """Whether the run folder ``folder`` may belong to a live run: a process holds its lock (hold_run_folder), or
+    the file system cannot tell (no flock). False for a folder that is gone."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own lock, if we get it, goes with the close below
+        return False
+    except OSError:  # BlockingIOError: held by a live process
+        return True
+    finally:
+        os.close(fd)
+
+
+def unfinished_saves(checkpoint_dir):
+    """The step_NNNNNN.tmp folders in CHECKPOINT_DIR/*/ whose run is not live (run_is_live): saves (or --keep-last
+    deletions) that a stopped run never finished. They hold no checkpoint; nothing reads them."""
+    return sorted(t for t in Path(checkpoint_dir).glob("*/step_*.tmp") if not run_is_live(t.parent))
+
+
+def checkpoints_of(folder):
+    """The complete checkpoint folders step_NNNNNN of a run folder, oldest first."""
+    done = [p for p in Path(folder).glob("step_*") if not p.name.endswith(".tmp")]
+    return sorted(done, key=lambda p: int(p.name[len("step_"):]))
+
+
+def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp, log_path=None, keep_last=0):
     """ckpt_dir/step_NNNNNN with one rank<r>.pt per rank (rank 0's also holds the parameters), written
     atomically: every rank writes and fsyncs its file in step_NNNNNN.tmp, and once all have (a barrier) rank 0
     renames the folder, so a checkpoint folder is complete or absent, whenever the run is killed. The folder
-    under ckpt_dir belongs to this run (its run id is never reused), so the .tmp name needs no suffix."""
+    under ckpt_dir belongs to this run (its run id is never reused; rank 0 locks it, hold_run_folder), so the .tmp
+    name needs no suffix. The state also names the run (its id and log_path): a run resumed from it names them in
+    its log's header. keep_last > 0: rank 0 then deletes all but the newest keep_last checkpoints of ckpt_dir, each
+    renamed to step_NNNNNN.tmp first, so a kill midway leaves no partial folder under a checkpoint's name."""
     path = Path(ckpt_dir) / f"step_{step:06d}"
     tmp = path.with_name(path.name + ".tmp")
     if d.rank == 0:
-        tmp.mkdir(parents=True)
+        if not path.parent.exists():
+            hold_run_folder(path.parent)
+        tmp.mkdir()
     if d.world > 1:
         dist.barrier()
     state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
              "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
-             "hyperparameters": dataclasses.asdict(hp)}
+             "hyperparameters": dataclasses.asdict(hp),
+             "run": {"id": path.parent.name, "log": None if log_path is None else str(log_path)}}
     if d.rank == 0:
         state["params"] = {k: v.detach().cpu() for k, v in params.items()}
     with open(tmp / f"rank{d.rank}.pt", "xb") as f:
@@ -1621,6 +1674,11 @@ def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d,
         fsync_dir(tmp)
         os.rename(tmp, path)
         fsync_dir(path.parent)
+        if keep_last > 0:
+            for old in checkpoints_of(path.parent)[:-keep_last]:
+                gone = old.with_name(old.name + ".tmp")
+                os.rename(old, gone)
+                shutil.rmtree(gone)
     return path
 
 
@@ -1638,6 +1696,9 @@ def read_checkpoint(path, rank, mmap=False):
     try:
         state = torch.load(f, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as e:  # torch raises RuntimeError (zip), EOFError or UnpicklingError for a damaged file
+        if not zipfile.is_zipfile(f):  # torch.save writes a zip archive, its index at the end: a cut file has none
+            raise CheckpointError(f"{f}: damaged checkpoint file: truncated, or not written by torch.save (it is "
+                                  f"no complete zip archive)") from None
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         raise CheckpointError(f"{f}: damaged checkpoint file, torch.load failed ({type(e).__name__}: "
                               f"{reason})") from None
@@ -1646,11 +1707,33 @@ def read_checkpoint(path, rank, mmap=False):
     return state
 
 
+def check_same_settings(path, saved, mine, names):
+    """CheckpointError for the first hyperparameter of ``names`` (field names) whose value in this run (mine) is
+    not the checkpoint's (saved), unless RESUME_MAY_DIFFER lets it."""
+    for k in names:
+        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
+            what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
+                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
+            raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
+
+
+def check_resume_flags(hp, path, given):
+    """Before the settings are checked (check_settings): the hyperparameters given on the command line (given:
+    field names) against the --resume checkpoint's, so that a changed --num-layers is named rather than the
+    --long-window-layers it leaves out of range. The vocabulary that --vocab-from-data takes from the shards is
+    left to check_resume."""
+    saved = read_checkpoint(path, 0, mmap=True)["hyperparameters"]
+    derived = ("vocab_size",) if hp.vocab_from_data else ()
+    check_same_settings(path, saved, dataclasses.asdict(hp), [k for k in given if k not in derived])
+
+
 def check_resume(hp, path, d):
     """Refuse (CheckpointError, one line) a --resume checkpoint that cannot continue this run: a rank file
     missing or damaged, another world size, or a hyperparameter (the schedule and the seed included) other than
-    this run's, naming the first that differs; only RESUME_MAY_DIFFER may. Tensors are not read (mmap): this
-    runs before the log opens and the model is built."""
+    this run's, naming the first that differs (those given on the command line were compared first, by
+    check_resume_flags); only RESUME_MAY_DIFFER may. Tensors are not read (mmap): this runs before the log opens
+    and the model is built. Returns what the resumed run continues: {"checkpoint", "step", "id", "log"} (id and log
+    of the run that saved it; for a checkpoint that does not name its run, its folder's name and None)."""
     ck = read_checkpoint(path, 0, mmap=True)
     if ck["world_size"] != d.world:
         raise CheckpointError(f"--resume {path}: checkpoint written by {ck['world_size']} ranks, this run has "
@@ -1658,11 +1741,10 @@ def check_resume(hp, path, d):
     for r in range(1, d.world):
         read_checkpoint(path, r, mmap=True)
     saved, mine = ck["hyperparameters"], dataclasses.asdict(hp)
-    for k in list(mine) + [k for k in saved if k not in mine and k not in RETIRED_SETTINGS]:
-        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
-            what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
-                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
-            raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
+    unknown = [k for k in saved if k not in mine and k not in RETIRED_SETTINGS]
+    check_same_settings(path, saved, mine, list(mine) + unknown)
+    run = ck.get("run") or {"id": Path(path).resolve().parent.name, "log": None}
+    return {"checkpoint": str(path), "step": ck["step"], **run}
 
 
 def load_checkpoint(path, params, opt, d):
@@ -1814,9 +1896,19 @@ def warmup(trainer, log=None):
     return phases
 
 
-def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
-    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints; the clock stops during each.
-    Returns (train time in ms, {stage index: [step times in ms]})."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a run. timed_loop raises it with the steps done (step); run_training adds the line
+    saying where the run can resume from (message) and logs it; main() prints that line and exits with code 130."""
+
+    def __init__(self, step=None, message=None):
+        super().__init__(message or "")
+        self.step, self.message = step, message
+
+
+def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed, keep_last=0):
+    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints (keep_last: save_checkpoint's);
+    the clock stops during each. Returns (train time in ms, {stage index: [step times in ms]}). Ctrl-C raises
+    Interrupted with the steps done."""
     hp, d = trainer.hp, trainer.d
 
     def sync():
@@ -1853,46 +1945,115 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed):
     # (Measured on one H200, 2026-11-26: it did not remove the slow second step of our timed runs.)
     gc.collect()
     gc.freeze()
-    sync()
-    t0 = time.perf_counter()
-    for step in range(start_step, T_total + 1):
-        last = step == T_total
-        first = step == start_step and resumed
-        if last or (hp.val_every > 0 and step % hp.val_every == 0):
-            with clock_stopped():
-                windows, yarn_long = val_windows(hp, step)
-                val = trainer.validate(windows, yarn_long=yarn_long)
-                log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
-                    f"step_avg:{train_ms / max(step, 1):.2f}ms")
-        if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
-            with clock_stopped():
-                res = trainer.hellaswag.evaluate(model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                                              windows_at(hp, min(step, T_total - 1))))
-                log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
-        if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-            with clock_stopped():
-                save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d, hp)
-        if last:
-            break
-        trainer.train_step(step, hp.log_train_loss, clock=clock)
-        log_finished()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
-    trainer.loader.close()
-    gc.unfreeze()
+    step = start_step
+    try:
+        sync()
+        t0 = time.perf_counter()
+        for step in range(start_step, T_total + 1):
+            last = step == T_total
+            first = step == start_step and resumed
+            if last or (hp.val_every > 0 and step % hp.val_every == 0):
+                with clock_stopped():
+                    windows, yarn_long = val_windows(hp, step)
+                    val = trainer.validate(windows, yarn_long=yarn_long)
+                    log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
+                        f"step_avg:{train_ms / max(step, 1):.2f}ms")
+            if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
+                with clock_stopped():
+                    model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                         windows_at(hp, min(step, T_total - 1)))
+                    res = trainer.hellaswag.evaluate(model)
+                    log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
+            if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
+                with clock_stopped():
+                    save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d,
+                                    hp, getattr(log, "path", None), keep_last)
+            if last:
+                break
+            trainer.train_step(step, hp.log_train_loss, clock=clock)
+            log_finished()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT): run_training says where to resume from
+        raise Interrupted(step) from None
+    finally:
+        trainer.loader.close()
+        gc.unfreeze()  # frozen objects are never collected, and Triton's bindings report theirs as leaked at exit
     return train_ms, stage_ms
 
 
+SMOKE_CORPUS = "data/smoke"  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
+
+
+def smoke_corpus(hp, args, d):
+    """--smoke with the default --train-files and --val-files both matching no file: hp reading the byte-level
+    corpus of this repository's *.py and *.md files (data/smoke_corpus.py), written to SMOKE_CORPUS unless it is
+    there, said in one line. Otherwise hp as it is: globs given on the command line are used as given."""
+    given = args.train_files is not None or args.val_files is not None
+    if not args.smoke or given or glob.glob(hp.train_files) or glob.glob(hp.val_files):
+        return hp
+    train_files, val_files, made = write_smoke_corpus(SMOKE_CORPUS)
+    if d.rank == 0:
+        print(f"no shards match {hp.train_files}: --smoke trains on this repository's *.py and *.md files as bytes "
+              f"(vocabulary 384, BOS 256), {'written to' if made else 'read from'} {SMOKE_CORPUS}/", flush=True)
+    return dataclasses.replace(hp, train_files=train_files, val_files=val_files)
+
+
+def given_hyperparameters(args):
+    """The hyperparameters whose flags the command line gives (field names, in the dataclass's order)."""
+    return [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
+
+
+def tidy_checkpoints(args, log):
+    """Rank 0, as a run starts: with --resume, the unfinished saves (step_NNNNNN.tmp) of the run it continues are
+    removed when that run is not live; any other stopped run's in CHECKPOINT_DIR are named in one line and left
+    alone (unfinished_saves: a live run's save in progress is neither)."""
+    continued = Path(args.resume).parent if args.resume else None
+    if continued is not None and not run_is_live(continued):
+        for tmp in sorted(continued.glob("step_*.tmp")):
+            shutil.rmtree(tmp)
+            log(f"removed_unfinished_save: {tmp} (left by the run this one continues)")
+    others = unfinished_saves(args.checkpoint_dir)
+    if others:
+        log(f"unfinished_saves: {', '.join(map(str, others))} (left by runs stopped while saving; no checkpoint, "
+            f"ignored; delete them)")
+
+
+def last_checkpoint(ckpt_dir, resume):
+    """The newest complete checkpoint of the run (ckpt_dir), else the one it resumed from (resume), else None."""
+    done = checkpoints_of(ckpt_dir) if Path(ckpt_dir).is_dir() else []
+    return done[-1] if done else resume
+
+
+def interrupted_message(step, hp, checkpoint, args):
+    """The line main() prints after Ctrl-C, and the log's run_interrupted: line: the steps done (step, None before
+    the timed loop) and how to resume."""
+    where = "before the timed steps" if step is None else f"at step {step}/{hp.total_steps}"
+    if checkpoint is None:
+        return f"interrupted {where}; no checkpoint saved yet (--save-every N saves one every N steps)"
+    run_id = " and a new --run-id" if args.run_id else ""
+    return (f"interrupted {where}; last checkpoint: {checkpoint} (resume: the same command with --resume "
+            f"{checkpoint}{run_id})")
+
+
 def run_training(hp, args, d):
-    """One training run: files, the --resume check, log header, then train() inside it; a run that fails after
-    the log opened ends its log with a run_failed: line. Returns (log path, checkpoint folder)."""
+    """One training run: files (smoke_corpus), the --resume check, log header, then train() inside it; a run that
+    fails after the log opened ends its log with a run_failed: line, one stopped by Ctrl-C with run_interrupted:
+    (Interrupted). Returns (log path, checkpoint folder)."""
+    hp = smoke_corpus(hp, args, d)
     train_files, val_files = resolve_files(hp)
     hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
-    if args.resume:
-        check_resume(hp, args.resume, d)
+    continues = check_resume(hp, args.resume, d) if args.resume else None
     run_id = args.run_id or new_run_id(d)
-    log = open_log(hp, args, d, train_files, val_files, run_id)
+    log = open_log(hp, args, d, train_files, val_files, run_id, continues)
     ckpt_dir = Path(args.checkpoint_dir) / run_id
     try:
+        if d.rank == 0:
+            tidy_checkpoints(args, log)
         train(hp, args, d, train_files, val_files, log, ckpt_dir)
+    except KeyboardInterrupt as e:
+        step = e.step if isinstance(e, Interrupted) else None
+        message = interrupted_message(step, hp, last_checkpoint(ckpt_dir, args.resume), args)
+        log(f"run_interrupted: {message}", console=False)
+        raise Interrupted(step, message) from None
     except BaseException as e:
         reason = (str(e).strip().splitlines() or [""])[0]
         log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
@@ -1923,7 +2084,8 @@ def train(hp, args, d, train_files, val_files, log, ckpt_dir):
         start_step, train_ms = ck["step"], ck["train_time_ms"]
     if d.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume))
+    train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume),
+                                    keep_last=args.keep_last)
     C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
     weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
     tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
@@ -1988,9 +2150,11 @@ HP_RANGES = {
     "muon_cooldown_steps": (0, None), "muon_beta2": (0, 1), "muon_wd": (0, None), "mlp_proj_lr_mul": (0, None),
     "adam_lr": (0, None), "adam_wd": (0, None), "adam_every": (1, None), "profile_steps": (0, None),
     "val_every": (0, None), "save_every": (0, None), "hellaswag_every": (0, None), "hellaswag_limit": (0, None),
+    "seed": (0, 2**64 - 1),  # what torch.Generator.manual_seed takes without wrapping around
 }
-# The same for the flags that are not hyperparameters (sampling).
-ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None)}
+# The same for the flags that are not hyperparameters (sampling, --keep-last).
+ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None),
+              "keep_last": (0, None)}
 
 
 def flag_name(field):
@@ -2110,6 +2274,13 @@ def parse_args(argv):
                                     "exists is refused (default: date_time_random, new for each run)")
     p.add_argument("--checkpoint-dir", default="checkpoints", metavar="CHECKPOINT_DIR",
                    help="folder of the runs' checkpoint folders (default: %(default)s)")
+    p.add_argument("--keep-last", type=int, default=0, metavar="N",
+                   help="after each save, delete all but the newest N checkpoints of this run, 0 to keep all (default: "
+                        "%(default)s). A checkpoint, CHECKPOINT_DIR/RUN_ID/step_NNNNNN, holds one file per rank: that "
+                        "rank's shard of the optimizer state (fp32 master weights; Adam's two moments or Muon's "
+                        "momentum and second moments; between two slow Adam steps, their summed gradients), the "
+                        "loader's position, the RNG state, the train time, the hyperparameters and the run's id and "
+                        "log; rank 0's also holds every parameter (bf16 matrices): 10 to 14 bytes per parameter")
     p.add_argument("--log-dir", default="logs", metavar="LOG_DIR",
                    help="folder of the runs' logs (default: %(default)s)")
     free = ", ".join(map(flag_name, RESUME_MAY_DIFFER))
@@ -2120,15 +2291,19 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true",
                    help="tiny CPU-sized run (eager; on a GPU --smoke --compile compiles it)")
     p.add_argument("--hellaswag", metavar="CHECKPOINT",
-                   help="checkpoint folder: print its HellaSwag accuracy and write hellaswag.json there")
+                   help="checkpoint folder: print its HellaSwag accuracy and write it to a new hellaswag_N.json "
+                        "there (N = 1, 2, ...: an earlier result is never overwritten)")
     p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
     p.add_argument("--prompt", default="The", help="--sample: the text to continue (default: %(default)r)")
     p.add_argument("--max-new-tokens", type=int, default=32,
                    help="--sample: tokens generated per sample, >= 1 (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: all)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="--sample: sampling temperature, 0 for greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="--sample: sample among the K most likely tokens, 0 for all (default: %(default)s)")
     p.add_argument("--num-samples", type=int, default=1,
-                   help="continuations to print, drawn one after another from one generator seeded by --seed")
+                   help="--sample: continuations to print, drawn one after another from one generator seeded by "
+                        "--seed (default: %(default)s)")
     p.add_argument("--compile-cache", metavar="PATH",
                    help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
                         "matches (else emptied and compiled cold), saved after the compile warmup")
@@ -2144,22 +2319,44 @@ def hyperparameters_from(args):
     return hp
 
 
+def interrupt_once(signum, frame):
+    """main()'s SIGINT handler: a KeyboardInterrupt, then SIGINT ignored while it is handled (under torchrun a
+    Ctrl-C reaches each rank twice: from the terminal, then passed on by torchrun)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem with
     the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by
-    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback)."""
+    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback). Ctrl-C is one line
+    `train_gpt.py: interrupted ...` (in training: where to resume from) and SystemExit(130)."""
     args = parse_args(argv)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt_once)  # not where SIGINT was ignored from the start (nohup, &)
     try:
         return run(args)
     except (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError) as e:
         if launch_rank() == 0:
             print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except KeyboardInterrupt as e:
+        if launch_rank() == 0:
+            line = e.message if isinstance(e, Interrupted) and e.message else "interrupted"
+            print(f"train_gpt.py: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    finally:
+        if signal.getsignal(signal.SIGINT) is interrupt_once:  # after a Ctrl-C it stays ignored: the process ends
+            signal.signal(signal.SIGINT, previous)
 
 
 def run(args):
-    """The settings checked (check_settings), then the processes set up and the mode run."""
+    """The settings checked (check_settings; with --resume the flags given against the checkpoint's first), then
+    the processes set up and the mode run."""
     hp, cuda = hyperparameters_from(args), torch.cuda.is_available()
+    if args.resume and not (args.sample or args.hellaswag):
+        check_resume_flags(hp, args.resume, given_hyperparameters(args))
     check_settings(hp, args, int(os.environ.get("WORLD_SIZE", "1")), cuda)
     if not cuda:
         keep_freed_memory()

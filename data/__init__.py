@@ -5,6 +5,8 @@
 - ``data/prepare_text.py``: tokenizes local text into shards of the same format.
 - ``data/hellaswag.py``: downloads, verifies and loads the HellaSwag validation set and renders its examples
   into GPT-2 tokens (train_gpt.py's ``--hellaswag``).
+- ``data/smoke_corpus.py``: ``train_gpt.py --smoke``'s corpus when there are no shards: this repository's text
+  as bytes.
 
 See ``data/README.md`` for the byte layout and examples.
 """

@@ -51,7 +51,12 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class PrepareError(Exception):
-    """A problem with the inputs or options; main() prints it as one line and exits 1."""
+    """A problem with the inputs, options or tokenizer files; main() prints it as one line and exits with code 2."""
+
+
+# tiktoken's cache names of GPT-2's BPE files (the sha1 of their URLs), which it looks for in TIKTOKEN_CACHE_DIR
+GPT2_CACHE_NAMES = {"vocab.bpe": "6d1cbeee0f20b3d9449abfede4726ed8212e3aee",
+                    "encoder.json": "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -65,12 +70,17 @@ def load_gpt2():
         raise PrepareError("tiktoken is not installed: pip install tiktoken") from None
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as exc:  # tiktoken fetches its files over HTTP; any failure there lands here
-        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+    except Exception as exc:  # tiktoken fetches the files it lacks over HTTP; any failure there lands here
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR")
+        names = " and ".join(f"{f} as {n}" for f, n in GPT2_CACHE_NAMES.items())
+        if cache and all((Path(cache) / n).is_file() for n in GPT2_CACHE_NAMES.values()):
+            reason = (str(exc).strip().splitlines() or [""])[0][:200]  # the files are there: something else failed
+            raise PrepareError(f"cannot load tiktoken's gpt2 files from TIKTOKEN_CACHE_DIR={cache} "
+                               f"({type(exc).__name__}: {reason})") from None
+        where = f"TIKTOKEN_CACHE_DIR={cache} lacks them" if cache else "TIKTOKEN_CACHE_DIR is not set"
         raise PrepareError(
-            f"cannot load tiktoken's gpt2 files ({type(exc).__name__}: {reason}); without network, set "
-            f"TIKTOKEN_CACHE_DIR to a folder with the gpt2 files (vocab.bpe and encoder.json, stored under "
-            f"the sha1 of their URLs: see data/README.md)") from None
+            f"tiktoken's GPT-2 tokenizer files are missing and cannot be downloaded ({type(exc).__name__}; {where}): "
+            f"put {names} into a folder and set TIKTOKEN_CACHE_DIR to it (see data/README.md)") from None
 
 
 def _check_encoding(encoding):
@@ -383,7 +393,10 @@ def main(argv=None, encoding=None):
         result = prepare(args.inputs, args.out, enc, name=args.name, val_fraction=args.val_fraction,
                          shard_tokens=args.shard_tokens, workers=args.workers, text_field=args.text_field,
                          force=args.force)
-    except (PrepareError, ShardError, OSError) as exc:
+    except (PrepareError, ShardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # reading an input or writing a shard failed
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

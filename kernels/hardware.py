@@ -10,11 +10,10 @@ agree.
 
 ``keep_freed_memory()``: the host allocator setting of the trainer's CPU runs (``train_gpt.py``).
 
-``sm_count(device, default)``: the streaming multiprocessors of a CUDA device (cached per device), the size the
-persistent and wave-counting launchers (kernels/polar_express.py, kernels/mlp.py) plan for.
+``sm_count(device, default)``: the streaming multiprocessors of a CUDA device, the size the persistent and
+wave-counting launchers (kernels/polar_express.py, kernels/mlp.py) plan for.
 """
 import ctypes
-import functools
 import os
 import subprocess
 from pathlib import Path
@@ -60,15 +59,13 @@ def keep_freed_memory():
         pass
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_sm_count(index):
-    import torch
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def sm_count(device, default):
-    """Number of SMs of ``device`` when it is a CUDA device, else ``default`` (Triton's interpreter on the CPU)."""
+    """Number of SMs of ``device`` when it is a CUDA device, else ``default`` (Triton's interpreter on the CPU).
+    Not cached here: torch caches each device's properties itself, and torch.compile traces this function (the MLP
+    launcher inside the compiled step), where a functools cache only earns a warning from dynamo and a dict read
+    would be guarded, so that filling it would recompile the step."""
     if device.type != "cuda":
         return default
     import torch
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -74,7 +74,8 @@ Definitions
 
 Exit status: 0 when at least one run is usable (finished, with a final val loss) or, with ``--at-step``, has a
 val loss at one of the steps; 1 when none is; 2 for usage errors (unknown ``--baseline``, bad ``--group``,
-bad ``--at-step``, unwritable ``--plot`` file).
+bad ``--at-step``, unwritable ``--plot`` file, a PATH or ``--group`` member that does not exist: one line before
+any table).
 """
 import argparse
 import hashlib
@@ -411,8 +412,11 @@ def parse_log(path):
 
 
 def _log_files(path):
-    """The log files of a path: the file itself, or *.txt/*.log directly inside a folder."""
+    """The log files of a path: the file itself, or *.txt/*.log directly inside a folder; ValueError for a path
+    that does not exist."""
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
     if path.is_dir():
         return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES)
     return [path]
@@ -432,7 +436,7 @@ def _default_group_names(folders):
 def collect_groups(paths, group_specs):
     """Map group name -> list of files, explicit ``--group`` specs first, in command-line order.
 
-    Raises ValueError for a malformed spec. Missing paths stay in the list and are reported when parsed.
+    Raises ValueError for a malformed spec or a path that does not exist (before anything is parsed or printed).
     """
     groups = {}
     for spec in group_specs:

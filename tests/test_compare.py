@@ -482,7 +482,19 @@ def test_exit_codes(tmp_path, capsys):
     assert run_main(["--group", "no-equals-sign"], capsys)[0] == 2
     assert run_main([], capsys)[0] == 2
     assert run_main([tmp_path / "good.txt", "--plot", tmp_path / "no_dir" / "x.png"], capsys)[0] == 2
-    assert run_main([tmp_path / "good.txt", tmp_path / "absent.txt"], capsys)[0] == 0
+    assert run_main([tmp_path / "good.txt"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("where", ["path", "group member"])
+def test_a_path_that_does_not_exist_is_one_line_before_any_table(tmp_path, capsys, where):
+    """A log named on the command line that is not there (a typo, a moved record): exit code 2 and one line naming
+    it, before any table is printed; an unreadable or empty file that exists is still skipped and reported."""
+    write_log(tmp_path / "good.txt", 3.27, 60000)
+    absent = tmp_path / "absent.txt"
+    argv = ([tmp_path / "good.txt", absent] if where == "path" else
+            [tmp_path / "good.txt", "--group", f"g={tmp_path / 'good.txt'},{absent}"])
+    rc, out, err = run_main(argv, capsys)
+    assert (rc, out, err) == (2, "", f"error: {absent}: no such file or folder\n")
 
 
 def test_explicit_groups(tmp_path, capsys):

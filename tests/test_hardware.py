@@ -1,6 +1,11 @@
 """Tests of kernels/hardware.py: the GPU ceilings lookup (the benchmarks' roofline and the trainer's MFU line),
-git_sha (the environment wins; outside a git checkout "unknown") and the CPU runs' malloc setting."""
+git_sha (the environment wins; outside a git checkout "unknown"), the CPU runs' malloc setting and sm_count traced
+by torch.compile without a warning."""
+import collections
 import subprocess
+import warnings
+
+import torch
 
 from kernels import hardware
 
@@ -29,3 +34,32 @@ def test_keep_freed_memory_is_safe_to_call_twice():
     """mallopt where glibc is the allocator, nothing elsewhere: never an error, whatever the platform."""
     assert hardware.keep_freed_memory() is None
     assert hardware.keep_freed_memory() is None
+
+
+def test_sm_count_traces_without_a_dynamo_warning(monkeypatch):
+    """The compiled training step traces sm_count (the fused MLP's launcher plans its programs with it): dynamo
+    must trace it without a warning (a functools cache there earns "Dynamo detected a call to a
+    `functools.lru_cache`-wrapped function ... Silent incorrectness is only a *potential* risk", twice per GPU run),
+    and the compiled value is the device's, one graph for every call (no cache whose filling recompiles). CPU:
+    torch.compile's eager backend, the CUDA query replaced by a device of 132 SMs (a named tuple: what dynamo can
+    hold as the query's constant result)."""
+    props = collections.namedtuple("Properties", "multi_processor_count")(132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def scaled(x):
+        return x * hardware.sm_count(torch.device("cuda", 0), 4) + hardware.sm_count(torch.device("cuda"), 4)
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compiled = torch.compile(scaled, backend="eager", fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(torch.ones(2))
+        again = compiled(torch.ones(2))  # the same graph: nothing the first call filled is guarded (a dict cache is)
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert [str(w.message) for w in caught] == []
+    assert out.tolist() == again.tolist() == [264.0, 264.0] and graphs == 1
+    assert hardware.sm_count(torch.device("cpu"), 4) == 4

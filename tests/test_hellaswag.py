@@ -329,7 +329,8 @@ def _reference_scores(hp, params, fns, device):
 @on_smoke_run
 def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_tokenizer, capsys, device):
     """--hellaswag on the smoke checkpoint (bf16, on the test device): the accuracies printed and saved are
-    those of the reference computed one candidate at a time on the same device."""
+    those of the reference computed one candidate at a time on the same device; each evaluation saves its result
+    in a new file (hellaswag_1.json, then hellaswag_2.json), whose path it prints."""
     _, ckpt = smoke_run
     res = tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "8"])
     dev = torch.device(device)
@@ -337,11 +338,17 @@ def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_
     right, right_norm = (sums.argmax(1) == labels).sum(), ((sums / counts).argmax(1) == labels).sum()
     assert res["examples"] == 8 and (res["acc"], res["acc_norm"]) == (right / 8, right_norm / 8)
     line = f"hellaswag acc: {right / 8:.4f} acc_norm: {right_norm / 8:.4f} (8 examples)"
-    assert line in capsys.readouterr().out
-    saved = json.loads((ckpt / "hellaswag.json").read_text())
+    out = capsys.readouterr().out
+    assert line in out and f"\nhellaswag_result: {ckpt / 'hellaswag_1.json'}\n" in out
+    first = (ckpt / "hellaswag_1.json").read_text()
+    saved = json.loads(first)
     assert saved["acc"] == res["acc"] and saved["examples"] == 8 and saved["file"] == str(NUMBERS)
+    # A second evaluation writes a file of its own: the first result stays as it was.
     assert tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "3"])[
         "examples"] == 3
+    assert f"\nhellaswag_result: {ckpt / 'hellaswag_2.json'}\n" in capsys.readouterr().out
+    assert (ckpt / "hellaswag_1.json").read_text() == first
+    assert json.loads((ckpt / "hellaswag_2.json").read_text())["examples"] == 3
 
 
 @on_smoke_run

@@ -218,7 +218,7 @@ def test_refuses_to_overwrite_unless_force(tmp_path, capsys):
     assert len(before) == 5
 
     code, out, err = run([src, "--out", out_dir, "--val-fraction", 0], capsys)
-    assert code == 1
+    assert code == 2
     assert "already holds 5 shard(s) named fineweb_*.bin" in err and "--force" in err
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
 
@@ -240,7 +240,7 @@ def test_empty_input_is_a_clear_error(tmp_path, capsys, setup):
     elif setup == "only_empty_jsonl":
         write(src / "x.jsonl", '\n{"text": ""}\n')
     code, out, err = run([src, "--out", tmp_path / "out" / "shards"], capsys)
-    assert code == 1
+    assert code == 2
     assert error_line(err).startswith(f"error: no documents found in {src}")
     assert not (tmp_path / "out").exists(), "a failed run leaves no folder it created"
 
@@ -250,17 +250,17 @@ def test_failure_keeps_an_output_folder_that_existed(tmp_path, capsys):
     out = tmp_path / "out"
     write(out / "notes.txt", "mine")
     code, _, err = run([tmp_path / "src", "--out", out], capsys)
-    assert code == 1 and "no documents found" in err
+    assert code == 2 and "no documents found" in err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert run([tmp_path / "src", "--out", empty], capsys)[0] == 1
+    assert run([tmp_path / "src", "--out", empty], capsys)[0] == 2
     assert empty.is_dir(), "a folder that existed before the run is not removed, even when empty"
 
 
 def test_missing_input_is_a_clear_error(tmp_path, capsys):
     code, out, err = run([tmp_path / "nope", "--out", tmp_path / "out"], capsys)
-    assert code == 1 and f"input {tmp_path / 'nope'} does not exist" in err
+    assert code == 2 and f"input {tmp_path / 'nope'} does not exist" in err
 
 
 @pytest.mark.parametrize("line, match", [
@@ -275,7 +275,7 @@ def test_malformed_jsonl_names_file_and_line_and_leaves_no_shards(tmp_path, caps
     f = write(tmp_path / "b.jsonl", '{"text": "fine"}\n' + line + "\n")
     code, out, err = run([tmp_path / "a.txt", f, "--out", tmp_path / "out", "--val-fraction", 0,
                           "--shard-tokens", 4], capsys)
-    assert code == 1
+    assert code == 2
     assert re.match(rf"error: {re.escape(str(f))}:2: {match}", error_line(err)), err
     assert not (tmp_path / "out").exists(), "shards and the folder this run made are removed"
 
@@ -284,7 +284,7 @@ def test_empty_split_is_an_error(tmp_path, capsys):
     write(tmp_path / "only.txt", "one document")
     expect_val = _expected_val("only.txt", 0.5)
     code, out, err = run([tmp_path / "only.txt", "--out", tmp_path / "out", "--val-fraction", 0.5], capsys)
-    assert code == 1
+    assert code == 2
     missing = "train" if expect_val else "val"
     assert f"no document fell into the {missing} split (1 documents" in err
     assert not (tmp_path / "out").exists(), "shards and the folder this run made are removed"
@@ -293,20 +293,40 @@ def test_empty_split_is_an_error(tmp_path, capsys):
 def test_encoding_must_fit_uint16(tmp_path, capsys):
     write(tmp_path / "a.txt", "x")
     code, out, err = run([tmp_path / "a.txt", "--out", tmp_path / "out"], capsys, encoding=byte_encoding(70000))
-    assert code == 1 and "token ids up to 70000" in err
+    assert code == 2 and "token ids up to 70000" in err
 
 
-def test_tiktoken_offline_error_names_cache_dir(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("cache", [None, "empty", "complete"])
+def test_tiktoken_offline_error_names_the_files_and_cache_dir(tmp_path, capsys, monkeypatch, cache):
+    """Without network and without the tokenizer files: one line, exit code 2, naming the two files, the names
+    tiktoken looks for them under (the sha1 of their URLs, as data/README.md lists them) and TIKTOKEN_CACHE_DIR
+    (unset, or set to a folder that lacks them). With both files there, another failure keeps tiktoken's reason."""
     def offline(name):
         raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    if cache is None:
+        monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(folder))
+    if cache == "complete":
+        for name in GPT2_CACHE_FILES:
+            write(folder / name, "x")
     write(tmp_path / "a.txt", "x")
     code = pt.main([str(tmp_path / "a.txt"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == 1
-    assert "cannot load tiktoken's gpt2 files (ConnectionError: Failed to resolve" in err
-    assert "TIKTOKEN_CACHE_DIR" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and len(err.splitlines()) == 1, err
+    if cache == "complete":
+        assert err == (f"error: cannot load tiktoken's gpt2 files from TIKTOKEN_CACHE_DIR={folder} (ConnectionError: "
+                       f"Failed to resolve 'openaipublic.blob.core.windows.net')\n")
+        return
+    where = "TIKTOKEN_CACHE_DIR is not set" if cache is None else f"TIKTOKEN_CACHE_DIR={folder} lacks them"
+    assert err == (f"error: tiktoken's GPT-2 tokenizer files are missing and cannot be downloaded (ConnectionError; "
+                   f"{where}): put vocab.bpe as 6d1cbeee0f20b3d9449abfede4726ed8212e3aee and encoder.json as "
+                   f"6c7ea1a7e38e3a7f062df639a5b80947f075ffe6 into a folder and set TIKTOKEN_CACHE_DIR to it "
+                   f"(see data/README.md)\n")
 
 
 @pytest.mark.parametrize("args, match", [

@@ -1,5 +1,6 @@
 """Tests of what train_gpt.py refuses and what it never loses: checkpoints written atomically and checked on load
-(a kill -9 inside a save, a damaged file), logs never overwritten (a taken --run-id), every setting checked before
+(a kill -9 inside a save, a damaged file), unfinished saves of stopped runs removed or named (never a live run's),
+--keep-last, Ctrl-C before any checkpoint, logs never overwritten (a taken --run-id), every setting checked before
 any file is opened (one line naming the flag, exit code 2), --resume refusing a checkpoint of another run,
 --vocab-from-data never taking a stray id for the document separator, a run that fails after its log opened
 marked in the log, and one printed error under torchrun. CPU; in process except where the process itself
@@ -116,17 +117,127 @@ def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(
 
 def test_damaged_checkpoint_file_is_one_line_naming_it(data, ckpt, tmp_path, capsys):
     """A rank file cut short after the save (the disk, a copy) is refused by --sample and --resume with one line
-    naming the file, not torch's "PytorchStreamReader failed" traceback; so is a file that is no checkpoint."""
+    naming the file and saying what is wrong with it, not torch's "PytorchStreamReader failed" traceback or, from
+    --resume's memory-mapped look, its "mmap can only be used with files saved with ..."; so is a file that is no
+    checkpoint."""
     folder = tmp_path / "step_000001"
     shutil.copytree(ckpt, folder)
     f = folder / "rank0.pt"
     f.write_bytes(f.read_bytes()[:f.stat().st_size // 10])
-    line = _exit_2(["--sample", str(folder)], capsys)
-    assert line.startswith(f"{f}: damaged checkpoint file, torch.load failed ("), line
-    assert line == _exit_2(_smoke_argv(data, tmp_path, "r", "--resume", str(folder)), capsys)
+    line = _exit_2(["--sample", str(folder)], capsys)  # torch.load reads it whole
+    assert line == (f"{f}: damaged checkpoint file: truncated, or not written by torch.save (it is no complete zip "
+                    f"archive)"), line
+    assert line == _exit_2(_smoke_argv(data, tmp_path, "r", "--resume", str(folder)), capsys)  # memory-mapped
     torch.save([1, 2], f)
     assert _exit_2(["--hellaswag", str(folder)], capsys) == (f"{f}: not a checkpoint of train_gpt.py (no "
                                                              f"hyperparameters in it)")
+
+
+def _hold_in_child(folder):
+    """A child process that holds `folder` as a live run does (hold_run_folder) until it is killed; returns its pid."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            tg.hold_run_folder(folder)
+            os.write(w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"x", "the child did not take the lock"
+    finally:
+        os.close(r)
+    return pid
+
+
+def test_unfinished_saves_of_stopped_runs_are_removed_or_named_never_a_live_runs(tmp_path):
+    """step_NNNNNN.tmp folders: a live run's (its folder locked by hold_run_folder, here in a child process) is
+    neither removed nor named; once that process is killed (kill -9: the kernel drops the lock) it is a stopped
+    run's. As a run starts (tidy_checkpoints), those of the run it resumes are removed, the others named in one
+    line and left."""
+    ckpt = tmp_path / "ckpt"
+    for run in ("resumed", "other"):
+        (ckpt / run / "step_000002").mkdir(parents=True)
+        (ckpt / run / "step_000004.tmp").mkdir()
+    live = ckpt / "live"
+    pid = _hold_in_child(live)
+    try:
+        (live / "step_000006.tmp").mkdir()
+        assert tg.run_is_live(live) and not tg.run_is_live(ckpt / "other")
+        assert tg.unfinished_saves(ckpt) == [ckpt / "other" / "step_000004.tmp", ckpt / "resumed" / "step_000004.tmp"]
+        lines = []
+        args = tg.parse_args(["--checkpoint-dir", str(ckpt), "--resume", str(ckpt / "resumed" / "step_000002")])
+        tg.tidy_checkpoints(args, lines.append)
+        assert lines == [f"removed_unfinished_save: {ckpt / 'resumed' / 'step_000004.tmp'} (left by the run this one "
+                         f"continues)",
+                         f"unfinished_saves: {ckpt / 'other' / 'step_000004.tmp'} (left by runs stopped while saving; "
+                         f"no checkpoint, ignored; delete them)"]
+        lines.clear()
+        tg.tidy_checkpoints(tg.parse_args(["--checkpoint-dir", str(ckpt), "--resume", str(live / "step_000004")]),
+                            lines.append)  # resuming a live run's checkpoint (a fork of it) leaves its save alone
+        assert (live / "step_000006.tmp").is_dir() and lines[0].startswith(f"unfinished_saves: {ckpt / 'other'}")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert not tg.run_is_live(live)
+    assert tg.unfinished_saves(ckpt) == [ckpt / "live" / "step_000006.tmp", ckpt / "other" / "step_000004.tmp"]
+    assert (ckpt / "resumed" / "step_000002").is_dir() and (ckpt / "other" / "step_000002").is_dir()
+
+
+def test_keep_last_keeps_the_newest_checkpoints(data, tmp_path):
+    """--keep-last N: after each save, the run's folder holds its newest N checkpoints (0: all)."""
+    hp, d = _run_hp(data), tg.Dist()
+    params = tg.init_params(hp, torch.device("cpu"), hp.seed)
+    opt = tg.Optimizer(hp, params, d)
+    for keep, left in ((2, ["step_000008", "step_000010"]), (0, [f"step_{s:06d}" for s in (2, 4, 6, 8, 10)]),
+                       (1, ["step_000010"])):
+        run = tmp_path / f"keep{keep}"
+        for step in (2, 4, 6, 8, 10):
+            tg.save_checkpoint(run, step, params, opt, {"step": step}, 0.0, d, hp, keep_last=keep)
+        assert sorted(p.name for p in run.iterdir()) == left
+    tg.load_model(tmp_path / "keep1" / "step_000010", d)
+
+
+def test_keep_last_help_says_what_a_checkpoint_holds(data, ckpt, capsys):
+    """--keep-last's help lists what a checkpoint file holds: every entry save_checkpoint writes, and its size per
+    parameter (fp32 master and two Adam moments or Muon's momentum, plus rank 0's bf16 copy: 10 to 14 bytes)."""
+    with pytest.raises(SystemExit):
+        tg.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    said = text.split("--keep-last N", 1)[1].split("--log-dir", 1)[0]
+    state = torch.load(ckpt / "rank0.pt", weights_only=False)
+    described = {"step": "step_NNNNNN", "world_size": "one file per rank", "optimizer": "optimizer state",
+                 "loader": "loader's position", "rng": "RNG state", "train_time_ms": "train time",
+                 "hyperparameters": "hyperparameters", "run": "run's id and log", "params": "every parameter"}
+    assert set(state) == set(described)
+    for key, words in described.items():
+        assert words in said, (key, said)
+    for words in ("fp32 master weights", "Adam's two moments", "Muon's momentum", "10 to 14 bytes per parameter"):
+        assert words in said
+    n_params = sum(v.numel() for v in state["params"].values())
+    assert 10 <= (ckpt / "rank0.pt").stat().st_size / n_params <= 14
+
+
+def test_ctrl_c_before_any_checkpoint_says_how_to_save_one(data, tmp_path, capsys, monkeypatch):
+    """Ctrl-C (here a KeyboardInterrupt from the first training step) in a run without a checkpoint yet: one line
+    saying so and naming --save-every, exit code 130, the log ending with it; main() puts back the SIGINT handler
+    it found. (The signal itself, its exit and a resume: test_train_gpt's
+    test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly.)"""
+    def interrupted(self, step, want_loss, clock=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tg.Trainer, "train_step", interrupted)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as info:
+        tg.main(_smoke_argv(data, tmp_path, "early"))
+    assert info.value.code == 130
+    said = "interrupted at step 0/10; no checkpoint saved yet (--save-every N saves one every N steps)"
+    assert capsys.readouterr().err == f"train_gpt.py: {said}\n"
+    assert (tmp_path / "logs" / "early.txt").read_text().splitlines()[-1] == f"run_interrupted: {said}"
+    assert signal.getsignal(signal.SIGINT) is handler
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -201,6 +312,9 @@ BAD_SETTINGS = [
     (["--no-vocab-from-data", "--bos-id", "600"], "--bos-id: 600 is not a token id (0 .. 511)"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
     (["--adam-every", "0"], "--adam-every: must be >= 1, got 0"),
+    (["--seed", "-1"], "--seed: must be in [0, 18446744073709551615], got -1"),
+    (["--seed", str(2**64)], "--seed: must be in [0, 18446744073709551615], got 18446744073709551616"),
+    (["--keep-last", "-1"], "--keep-last: must be >= 0, got -1"),
     (["--run-id", "../elsewhere"], "--run-id '../elsewhere': use letters, digits"),
     (["--sample", "ckpt", "--max-new-tokens", "-3"], "--max-new-tokens: must be >= 1, got -3"),
     (["--sample", "ckpt", "--top-k", "-1"], "--top-k: must be >= 0, got -1"),
@@ -270,7 +384,11 @@ def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
                                  ("--checkpoint-dir", "--log-dir", "(default: checkpoints)"),
                                  ("--log-dir", "--resume", "(default: logs)"),
                                  ("--prompt PROMPT", "--max-new-tokens", "(default: 'The')"),
-                                 ("--max-new-tokens", "--temperature", "(default: 32)")):
+                                 ("--max-new-tokens", "--temperature", "(default: 32)"),
+                                 ("--temperature", "--top-k", "(default: 0.0)"),
+                                 ("--top-k", "--num-samples", "(default: 0)"),
+                                 ("--num-samples", "--compile-cache", "(default: 1)"),
+                                 ("--keep-last N", "--log-dir", "(default: 0)")):
         assert default in full.split(flag, 1)[1].split(after, 1)[0], flag
     assert "1.75 x ln(vocab_size) = 18.9 at step 1" in full
 
@@ -284,6 +402,13 @@ def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
     (["--steps", "12"], "--steps is 8 in the checkpoint, 12 in this run"),
     (["--seed", "1"], "--seed is 0 in the checkpoint, 1 in this run"),
     (["--no-smear"], "--smear is True in the checkpoint, False in this run"),
+    # a flag given is named before the settings it leaves inconsistent (check_settings would name --long-window-layers
+    # or --ve-tables) and before the settings that derive from it
+    (["--num-layers", "3"], "--num-layers is 4 in the checkpoint, 3 in this run"),
+    (["--num-layers", "5"], "--num-layers is 4 in the checkpoint, 5 in this run"),
+    (["--long-window-layers", "1,3,4", "--num-layers", "5", "--ve-tables", "0,-1,-1,0,-1"],
+     "--num-layers is 4 in the checkpoint, 5 in this run"),
+    (["--model-dim", "96", "--head-dim", "48"], "--model-dim is 64 in the checkpoint, 96 in this run"),
 ])
 def test_resume_with_other_settings_is_refused_naming_the_first_field(data, ckpt, tmp_path, capsys, flags, field):
     line = _exit_2(_smoke_argv(data, tmp_path, "r", "--resume", str(ckpt), *flags), capsys)

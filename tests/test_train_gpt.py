@@ -1,7 +1,8 @@
-"""Tests of train_gpt.py: smoke run end to end (loss falls, log format, checkpoint, bitwise resume), exact
-gradient accumulation (world sizes 2, 4 and 8 on gloo: tests/test_world_sizes.py), the flat forward
-against a plain per-layer reference, the document boundaries and the GPU attention op, the data loader's rank split, the
-schedule, and the error messages. CPU: the model runs eagerly, the kernels in Triton's interpreter.
+"""Tests of train_gpt.py: smoke run end to end (loss falls, log format, checkpoint, Ctrl-C, bitwise resume), the first
+run without shards (on the repository's text), exact gradient accumulation (world sizes 2, 4 and 8 on gloo:
+tests/test_world_sizes.py), the flat forward against a plain per-layer reference, the document boundaries and the
+GPU attention op, the data loader's rank split, the schedule, and the error messages. CPU: the model runs eagerly,
+the kernels in Triton's interpreter.
 """
 import dataclasses
 import importlib.util
@@ -9,6 +10,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ from tolerances import assert_close_report, assert_matches_torch
 
 import run_log
 import train_gpt as tg
-from data.shards import shard_files, write_shard
+from data.shards import load_shard, shard_files, write_shard
 from flags import field_comments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,18 +140,76 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     assert (ckpt_dir / "step_000010" / "rank0.pt").is_file()
 
 
+# The process interrupted: it saves its step-5 checkpoint, says so and waits there for the test's SIGINT. It installs
+# Python's SIGINT handler itself, as a process started from a terminal has it (a test runner may ignore SIGINT).
+_WAIT_AFTER_STEP_5 = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import train_gpt as tg
+save = tg.save_checkpoint
+def save_then_wait(*args, **kwargs):
+    path = save(*args, **kwargs)
+    if path.name == "step_000005":
+        print("saved step 5", flush=True)
+        time.sleep(600)
+    return path
+tg.save_checkpoint = save_then_wait
+tg.main(sys.argv[1:])
+"""
+
+
 @on_smoke_run
-def test_resume_reproduces_uninterrupted_run(smoke_run, smoke_data, tmp_path):
-    out, log_path, ckpt_dir = smoke_run
-    _, steps_full, vals_full = _parse(log_path)
-    log2, ckpt2 = tg.main(_smoke_argv(smoke_data, tmp_path, "resumed", "--save-every", "5",
-                                      "--resume", str(ckpt_dir / "step_000005")))
-    _, steps_res, vals_res = _parse(log2)
+def test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly(smoke_run, smoke_data, tmp_path):
+    """Ctrl-C (SIGINT) in the smoke run's command right after its step-5 save: one line naming that checkpoint and
+    how to resume, exit code 130, no traceback and no report of leaked objects from Triton's bindings at exit; its
+    log ends with the same line as run_interrupted:. Resumed as the line says (the same command with --resume and,
+    its --run-id being given, a new one; here also --save-every 2 --keep-last 1), the run reproduces the
+    uninterrupted run's losses and final state bitwise (step 5 is the untie step: the resumed part starts by
+    untying), keeps only its last checkpoint, names the run it continues (id and log) in its header, removes an
+    unfinished save of that run (step_000010.tmp, made here as a kill during a save leaves it) and names another
+    stopped run's, which it leaves alone."""
+    _, log_full, ckpt_full = smoke_run
+    _, steps_full, vals_full = _parse(log_full)
+    argv = _smoke_argv(smoke_data, tmp_path, "cut", "--save-every", "5")
+    proc = subprocess.Popen([sys.executable, "-c", _WAIT_AFTER_STEP_5, *argv], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line == "saved step 5\n":
+                proc.send_signal(signal.SIGINT)
+                break
+        out = "".join(lines) + proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    ckpt = tmp_path / "ckpt" / "cut" / "step_000005"
+    said = (f"interrupted at step 5/10; last checkpoint: {ckpt} (resume: the same command with --resume {ckpt} and "
+            f"a new --run-id)")
+    assert proc.returncode == 130, out[-3000:]
+    assert out.endswith(f"saved step 5\ntrain_gpt.py: {said}\n"), out[-3000:]
+    assert "Traceback" not in out and "leaked" not in out, out[-3000:]
+    assert (tmp_path / "logs" / "cut.txt").read_text().splitlines()[-1] == f"run_interrupted: {said}"
+
+    stale = ckpt.with_name("step_000010.tmp")
+    stale.mkdir()
+    (stale / "rank0.pt").write_bytes(b"half a file")
+    other = tmp_path / "ckpt" / "other" / "step_000001.tmp"
+    other.mkdir(parents=True)
+    log2, ckpt2 = tg.main(_smoke_argv(smoke_data, tmp_path, "cut2", "--save-every", "2", "--resume", str(ckpt),
+                                      "--keep-last", "1"))
+    text, steps_res, vals_res = _parse(log2)
     assert tg.untie_step(tg.smoke_hyperparameters()) == 5
     assert sorted(steps_res) == list(range(6, 11))
-    assert {s: steps_full[s] for s in steps_res} == steps_res, "train losses after resume differ"
-    assert {s: vals_full[s] for s in vals_res} == vals_res, "val losses after resume differ"
-    _assert_same_checkpoint(ckpt_dir / "step_000010" / "rank0.pt", Path(ckpt2) / "step_000010" / "rank0.pt")
+    assert {s: steps_full[s] for s in steps_res} == steps_res, "train losses after Ctrl-C and resume differ"
+    assert vals_res and {s: vals_full[s] for s in vals_res} == vals_res, "val losses after Ctrl-C and resume differ"
+    assert [p.name for p in Path(ckpt2).iterdir()] == ["step_000010"]
+    _assert_same_checkpoint(ckpt_full / "step_000010" / "rank0.pt", Path(ckpt2) / "step_000010" / "rank0.pt")
+    header, events = text.split("\n" + "=" * 100 + "\n")[1:]
+    assert f"\ncontinues: run cut (log {tmp_path / 'logs' / 'cut.txt'}) from {ckpt}, step 5\n" in header
+    assert f"\nremoved_unfinished_save: {stale} (left by the run this one continues)\n" in events
+    assert f"\nunfinished_saves: {other} (left by runs stopped while saving" in events
+    assert not stale.exists() and other.exists()
 
 
 def _assert_same_checkpoint(path_a, path_b, what="after resume"):
@@ -268,13 +328,13 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
 
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="resume on the GPU path (compiled, --deterministic); on the CPU "
-                                         "test_resume_reproduces_uninterrupted_run checks the same")
+                                         "test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly checks the same")
 def test_resume_gpu(gpu_runs):
     """GPU resume (the gpu_runs fixture): 40 steps straight (run "a") against 16 steps + --resume + 24 ("resumed",
     from a's step-16 checkpoint, in a new process), both --deterministic: bitwise-identical train and val losses
     after the resume, and bitwise-identical final weights and optimizer state (the resumed part crosses the untie
-    before step 19 and two stage changes, at 18 and 36). The CPU equivalent, in the CPU suite: test_resume_reproduces_uninterrupted_run
-    (eager smoke model, resume at the untie step)."""
+    before step 19 and two stage changes, at 18 and 36). The CPU equivalent, in the CPU suite:
+    test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly (eager smoke model, resume at the untie step)."""
     (_, sa, va, ca), (_, sr, vr, cr) = gpu_runs["a"], gpu_runs["resumed"]
     assert tg.untie_step(tg.smoke_hyperparameters(scheduled_steps=GPU_STEPS - 4)) > GPU_RESUME_AT
     assert sorted(sr) == list(range(GPU_RESUME_AT + 1, GPU_STEPS + 1)), "the resumed run starts after its checkpoint"
@@ -1326,6 +1386,54 @@ def test_command_line_missing_data_is_one_message_not_a_traceback(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert res.stderr.startswith("train_gpt.py: error: no shard files match") and "prepare_text.py" in res.stderr
+
+
+def _repository_text(split):
+    """The smoke corpus's tokens of ``split`` as data/smoke_corpus.py specifies them: every non-empty *.py and *.md
+    file of the repository outside hidden folders and site-packages, sorted by path, each as 256 followed by its
+    bytes; every 10th file (the 10th, 20th, ...) is validation, the rest training."""
+    files = sorted(p.relative_to(REPO).as_posix() for p in REPO.rglob("*")
+                   if p.suffix in (".py", ".md") and p.is_file() and p.stat().st_size > 0
+                   and not any(part.startswith(".") or part == "site-packages" for part in p.relative_to(REPO).parts))
+    picked = [f for i, f in enumerate(files) if (i % 10 == 9) == (split == "val")]
+    return np.concatenate([np.concatenate([[256], np.frombuffer((REPO / f).read_bytes(), np.uint8)])
+                           for f in picked]).astype(np.uint16)
+
+
+def test_first_run_without_shards_trains_on_the_repositorys_text(tmp_path, monkeypatch, capsys):
+    """README's first run, `python train_gpt.py --smoke` where the default shards are missing (a fresh clone, no
+    network): one line says so, the byte-level corpus of the repository's text goes to data/smoke/ (relative to
+    the working directory, like the default globs), --vocab-from-data takes vocabulary 384 and BOS 256 from it, and
+    the validation loss falls from about ln(384). A second run reads the corpus it finds there (smoke_corpus)."""
+    monkeypatch.chdir(tmp_path)
+    log_path, _ = tg.main(["--smoke"])
+    said = ("no shards match data/fineweb10B/fineweb_train_*.bin: --smoke trains on this repository's *.py and *.md "
+            "files as bytes (vocabulary 384, BOS 256), {} data/smoke/\n")
+    assert capsys.readouterr().out.startswith(said.format("written to"))
+    for split, index in (("train", 1), ("val", 0)):
+        np.testing.assert_array_equal(load_shard(tmp_path / "data" / "smoke" / f"smoke_{split}_{index:06d}.bin"),
+                                      _repository_text(split))
+    text, _, vals = _parse(tmp_path / log_path)
+    hp_logged = json.loads(re.search(r"^hyperparameters: (.*)$", text, re.M)[1])
+    assert (hp_logged["vocab_size"], hp_logged["bos_id"]) == (384, 256)
+    assert hp_logged["train_files"] == "data/smoke/smoke_train_*.bin"
+    first, last = float(vals[0]), float(vals[10])
+    assert abs(first - math.log(384)) < 0.5, first
+    assert last < first - 1.0, (first, last)
+    hp = tg.smoke_corpus(tg.smoke_hyperparameters(), tg.parse_args(["--smoke"]), tg.Dist())
+    assert capsys.readouterr().out == said.format("read from")
+    assert (hp.train_files, hp.val_files) == ("data/smoke/smoke_train_*.bin", "data/smoke/smoke_val_*.bin")
+
+
+def test_help_imports_no_compiler(tmp_path):
+    """`train_gpt.py --help` imports torch and the kernels (train_gpt.py's imports), never torch.compile's dynamo,
+    inductor or sympy, which only a compiled run needs (they take about as long to import as torch itself)."""
+    res = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "train_gpt.py"), "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert res.returncode == 0 and "--keep-last" in res.stdout, res.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" in imported and "kernels.mlp" in imported
+    assert not {"torch._dynamo", "torch._inductor", "sympy"} & imported
 
 
 def _write_ids(path, ids):
