@@ -57,8 +57,7 @@ then score its candidates differently from one at a time); the bigram gradient i
 rotates the pairs (i, i + D/2) rather than (2i, 2i + 1) (a fixed permutation of the head dims); the training
 loss is the mean over rows (the record sums), and the FP8 gradient scale is divided by the rows accordingly;
 every parameter has an fp32 master (the record updates its bf16 tables and gates in place) and gradients
-accumulate in fp32. With them, records/2026-11-25_LossParity1xH200 measured record #74's loss at equal
-steps.
+accumulate in fp32. With them the loss at equal steps is record #74's, within run-to-run noise.
 
 Parameters: the table PARAMS (Parameters section), one row per parameter: its optimizer, lr multiplier,
 betas, decay, cadence, dtype and whether the compiled region reads it; init_params makes them (shapes and
@@ -231,7 +230,7 @@ class Hyperparameters:
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
     profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
-    # CUDA; the same bits as --no-embed-grad-to-acc (dense gradients, folded): records/2026-11-26_StepTime1xH200
+    # CUDA; the same bits as --no-embed-grad-to-acc (dense gradients, folded into the accumulators by the hooks)
     embed_grad_to_acc: bool = True  # embedding backward adds touched rows into the optimizer's fp32 accumulators
     # run
     seed: int = 0  # parameter init (the data order is fixed: the shards are read in order)
@@ -244,8 +243,7 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
-    # CUDA, bf16/fp16 matrices (kernels/mlp.py), traced into the step: stage 0 223.0 ms/step, flat (ours alone; as
-    # custom ops 231.0 vs the record's 254.0, wandering): records/2026-11-26_TracedMLP1xH200
+    # CUDA, bf16/fp16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
@@ -829,7 +827,7 @@ SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
 def head_mm(x, lm_head):
     """x (N, C) @ lm_head (C, V). On the CPU, bf16 operands are multiplied in fp32 and the product rounded once to
     bf16: what a GPU's bf16 matmul computes (fp32 accumulation), and faster than torch's CPU bf16 kernel (the
-    smoke run's largest cost; records/README.md, "Measurements behind the code")."""
+    smoke run's largest cost; notes/measurements.md)."""
     if x.device.type == "cpu" and x.dtype == torch.bfloat16:
         return (x.float() @ lm_head.float()).to(x.dtype)
     return x @ lm_head
@@ -1587,8 +1585,8 @@ class CheckpointError(ValueError):
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
                      "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "cpp_wrapper")
-# Settings older checkpoints may hold that this trainer no longer has; each changed no bit (--resume ignores them).
-RETIRED_SETTINGS = ("ce_fused_transpose",)  # the 2-D e5m2 CE backward, removed 2026-11-26
+# Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
+RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 
 
 def fsync_dir(path):
@@ -1942,7 +1940,6 @@ def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed, keep_last=
 
     # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
     # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
-    # (Measured on one H200, 2026-11-26: it did not remove the slow second step of our timed runs.)
     gc.collect()
     gc.freeze()
     step = start_step
