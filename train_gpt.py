@@ -736,10 +736,12 @@ def make_attn_sublayer(hp, attend):
                       paired=False, key_offset=False, bos=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam (2,) fp32 multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
-        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d fp32: the softmax scale,
-        applied to q (a tensor: YaRN changes it without a recompile). seq: the DocSeq of the sequence, or with
-        paired of the interleaved 2T sequence; window: 0-d int64 CPU tensor, in tokens. key_offset: the keys'
+        lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
+        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d: the softmax scale,
+        applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
+        already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
+        seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
+        tensor, in tokens. key_offset: the keys'
         position-free dims are taken from the previous token, except at the BOS positions (bos (T,) bool; the
         record shifts across documents too)."""
         T, C = x.shape
@@ -788,7 +790,7 @@ def attn_residual(lane0, lane1, out, inject, resid, post):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
     single-lane layers have no output weight). inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C);
-    resid 0-d and post (2,) fp32."""
+    resid 0-d and post (2,) fp32 or already in the lanes' dtype (cast here)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     if lane1 is None:
         return r * lane0 + out + inject, None
@@ -957,16 +959,24 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         seq = DocSeq(cu, docs, tables.max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
+        # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and indexed after (the
+        # sublayers' own casts are then no-ops): per use, every scalar would be a cast of its own, one tiny kernel
+        # in the forward and one in the backward per use. The same values, and the same gradients: every element
+        # is still cast once, so its fp32 gradient is its one low-precision gradient, converted.
+        lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
-        smear_lambda, backout_lambda, skip_lambda = params["scalars"][n:n + 3]
-        resid, post = params["resid_lambdas"].unbind(0), params["post_lambdas"].unbind(0)
-        x0_lams, b_lams = params["x0_lambdas"].unbind(0), params["bigram_lambdas"].unbind(0)
+        scalars = params["scalars"][:n + 2].to(lp)
+        smear_lambda, backout_lambda = scalars[n], scalars[n + 1]
+        skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
+        resid, post = params["resid_lambdas"].to(lp).unbind(0), params["post_lambdas"].to(lp).unbind(0)
+        x0_lams, b_lams = params["x0_lambdas"].to(lp).unbind(0), params["bigram_lambdas"].to(lp).unbind(0)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
-        attn_lams = params["scalars"][:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
+        attn_lams = scalars[:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
-        attn_gates = params["attn_gate"].unbind(0)
-        ve_gates = params["ve_gate"].unbind(0)
+        attn_gates = params["attn_gate"].to(lp).unbind(0)
+        ve_gates = params["ve_gate"].to(lp).unbind(0)
+        qscale = tables.qscale.to(lp)
         G = hp.gate_dims
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
@@ -986,16 +996,16 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 lam = attn_lams[a] if attn_lams is not None else None
                 if i in paired:
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
-                               tables.paired_sin, tables.qscale, seq2, windows[kind], paired=True)
+                               tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
-                               tables.sin, tables.qscale, seq, windows[kind], key_offset=ko, bos=bos)
+                               tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos)
                 a += 1
-                inject = x0_lams[i].to(x0.dtype) * x0
+                inject = x0_lams[i] * x0
                 if big is not None and i > 0:  # layer 0's bigram is in the prelude
-                    inject = inject + b_lams[i].to(x0.dtype) * big
+                    inject = inject + b_lams[i] * big
                 lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
             if i == hp.skip_from:
                 skip = lane0
@@ -1006,7 +1016,7 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
         if hp.backout:
             # Back out what the first layers wrote for later context rather than for the prediction (public record).
-            x = x - backout_lambda.to(x.dtype) * back
+            x = x - backout_lambda * back
         return x
 
     return layers
