@@ -644,15 +644,30 @@ def _unit_last_dim(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
-@torch.library.custom_op("speedrun::doc_attention", mutates_args=())
-def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, window: torch.Tensor,
-                  max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Causal attention within documents over a sliding window, with torch's FlashAttention (varlen) kernels.
-    q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window: 0-d int64 CPU tensor, the
-    window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in one document). The
-    window is read on the host, from a CPU tensor, so that a compiled caller takes it as an argument (no
-    recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the softmax
-    log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
+# The attention ops, registered with torch.library's low-level API (define, then a kernel per dispatch key)
+# rather than torch.library.custom_op: the compiled step launches them from Python, twice per attention layer and
+# micro-step, and custom_op wraps every call in Python layers of its own (an autograd kernel, a device-kernel
+# wrapper with a dynamo guard, an aliasing check). Here the ops the compiled step calls, doc_attention_fwd and
+# doc_attention_bwd, run no Python but their CUDA kernels (no autograd kernel: the dispatcher's C++ fallback
+# passes them through). doc_attention, the op the model calls, exists for autograd: its autograd kernel applies
+# _DocAttention, whose forward calls doc_attention_fwd and whose backward doc_attention_bwd, so that these two,
+# not doc_attention, are what torch.compile records in the forward and backward graphs.
+_ATTENTION_LIB = torch.library.Library("speedrun", "FRAGMENT")
+_ATTENTION_ARGS = "Tensor q, Tensor k, Tensor v, Tensor cu, Tensor window, SymInt max_len, float scale"
+for _name in ("doc_attention", "doc_attention_fwd"):
+    _ATTENTION_LIB.define(f"{_name}({_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
+_ATTENTION_LIB.define("doc_attention_bwd(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                      "Tensor rng, Tensor cu, Tensor window, SymInt max_len, float scale, bool deterministic) "
+                      "-> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
+
+
+def _doc_attention_flash(q, k, v, cu, window, max_len, scale):
+    """speedrun::doc_attention_fwd on CUDA: causal attention within documents over a sliding window, with torch's
+    FlashAttention (varlen) kernels. q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window:
+    0-d int64 CPU tensor, the window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in
+    one document). The window is read on the host, from a CPU tensor, so that a compiled caller takes it as an
+    argument (no recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the
+    softmax log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
     fused projection's (T, 3, H, D) output in layers without a value embedding): FlashAttention reads any token
     and head strides, so only a last dim that is not contiguous is copied."""
     out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
@@ -661,21 +676,17 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
     return out, lse, rng
 
 
-@doc_attention.register_fake
-def _(q, k, v, cu, window, max_len, scale):
+def _doc_attention_fake(q, k, v, cu, window, max_len, scale):
     # torch's own shape rule for the op (the log-sum-exp layout differs between versions)
     out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
         q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale, window_size_left=0, window_size_right=0)
     return out, lse, rng
 
 
-@torch.library.custom_op("speedrun::doc_attention_bwd", mutates_args=())
-def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                      lse: torch.Tensor, rng: torch.Tensor, cu: torch.Tensor, window: torch.Tensor, max_len: int,
-                      scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the strides of q, k, v. FlashAttention's
-    backward accumulates dq with atomics unless deterministic algorithms are on without warn_only:
-    --deterministic asks for that here, for this call."""
+def _doc_attention_flash_bwd(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+    """speedrun::doc_attention_bwd on CUDA: (dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the
+    strides of q, k, v. FlashAttention's backward accumulates dq with atomics unless deterministic algorithms are
+    on without warn_only: --deterministic asks for that here, for this call."""
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
@@ -690,25 +701,46 @@ def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
-@doc_attention_bwd.register_fake
-def _(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+def _doc_attention_bwd_fake(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _doc_attention_setup(ctx, inputs, output):
-    q, k, v, cu, window, ctx.max_len, ctx.scale = inputs
-    out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
-    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-    ctx.mark_non_differentiable(lse, rng)
+doc_attention = torch.ops.speedrun.doc_attention.default
+doc_attention_fwd = torch.ops.speedrun.doc_attention_fwd.default
+doc_attention_bwd = torch.ops.speedrun.doc_attention_bwd.default
 
 
-def _doc_attention_backward(ctx, grad, *_):
-    dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+class _DocAttention(torch.autograd.Function):
+    """doc_attention's autograd: doc_attention_fwd, and doc_attention_bwd for the gradients of q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, window, max_len, scale):
+        out, lse, rng = doc_attention_fwd(q, k, v, cu, window, max_len, scale)
+        ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
+        ctx.max_len, ctx.scale = max_len, scale
+        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+        ctx.mark_non_differentiable(lse, rng)
+        return out, lse, rng
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
 
 
-doc_attention.register_autograd(_doc_attention_backward, setup_context=_doc_attention_setup)
+def _doc_attention_autograd(q, k, v, cu, window, max_len, scale):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _DocAttention.apply(q, k, v, cu, window, max_len, scale)
+    return doc_attention_fwd(q, k, v, cu, window, max_len, scale)
+
+
+_ATTENTION_LIB.impl("doc_attention", _doc_attention_autograd, "Autograd")
+_ATTENTION_LIB.impl("doc_attention", doc_attention_fwd, "CompositeExplicitAutograd")  # called below autograd
+_ATTENTION_LIB.impl("doc_attention_fwd", _doc_attention_flash, "CUDA")
+_ATTENTION_LIB.impl("doc_attention_bwd", _doc_attention_flash_bwd, "CUDA")
+for _name, _fake in (("doc_attention", _doc_attention_fake), ("doc_attention_fwd", _doc_attention_fake),
+                     ("doc_attention_bwd", _doc_attention_bwd_fake)):
+    torch.library.register_fake(f"speedrun::{_name}", _fake, lib=_ATTENTION_LIB)
 
 
 def flash_attend(q, k, v, seq, window, scale):
