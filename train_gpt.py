@@ -896,17 +896,62 @@ class MicroBatch:
     bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
     bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
     max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
+    eager: torch.Tensor = None  # int32 buffer whose views are prep, bigram and bigram_prep (pack), or None
 
-    def _map(self, fn):
-        tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
-        return dataclasses.replace(self, **{k: fn(getattr(self, k)) for k in tensors if getattr(self, k) is not None})
+    OWN = ("ids", "targets", "cu_seqlens")  # tensors with storages of their own (the compiled region's inputs)
+    ALIGN = 32  # int32 elements: each view of the packed buffer starts at a multiple of 128 bytes
 
-    def pin_memory(self):
-        return self._map(lambda t: t.pin_memory())
+    def _parts(self):
+        """prep's three tensors, bigram and bigram_prep's three, those not None, in the order pack() writes them."""
+        return [*(self.prep[:3] if self.prep is not None else ()), *(() if self.bigram is None else (self.bigram,)),
+                *(self.bigram_prep[:3] if self.bigram_prep is not None else ())]
+
+    def _layout(self):
+        """The sizes that split a packed buffer into the parts (even entries) and the padding after each (odd
+        entries), so that every part starts at a multiple of ALIGN elements; and the buffer's length."""
+        sizes = []
+        for t in self._parts():
+            sizes += [t.numel(), -t.numel() % self.ALIGN]
+        return sizes, sum(sizes)
+
+    def _views(self, buf):
+        """prep, bigram and bigram_prep (those not None) as views of ``buf`` (one split: the host cost of to())."""
+        views = iter(buf.split_with_sizes(self._layout()[0])[::2])
+        out = {}
+        if self.prep is not None:
+            out["prep"] = self.prep._replace(order=next(views), sorted_ids=next(views), row_ptr=next(views))
+        if self.bigram is not None:
+            out["bigram"] = next(views)
+        if self.bigram_prep is not None:
+            out["bigram_prep"] = self.bigram_prep._replace(order=next(views), sorted_ids=next(views),
+                                                           row_ptr=next(views))
+        return out
+
+    def pack(self, pin=False):
+        """This micro-batch with prep, bigram and bigram_prep (int32 tensors only the eager lookups read) copied into
+        one buffer, whose views they become: to() moves it to the device with one copy instead of one per tensor.
+        ids, targets and cu_seqlens stay tensors of their own: they are the compiled region's inputs, whose guards
+        a view of a shared storage would change. pin: every tensor in pinned memory (for a non-blocking copy)."""
+        own = {k: getattr(self, k) for k in self.OWN if getattr(self, k) is not None}
+        own = {k: t.pin_memory() for k, t in own.items()} if pin else own
+        parts = self._parts()
+        if not parts:
+            return dataclasses.replace(self, **own)
+        buf = torch.empty(self._layout()[1], dtype=torch.int32, pin_memory=pin)
+        packed = dataclasses.replace(self, **own, **self._views(buf), eager=buf)
+        for dst, src in zip(packed._parts(), parts, strict=True):
+            dst.copy_(src)
+        return packed
 
     def to(self, device):
         """On ``device``, copied without blocking (from pinned memory: the copy overlaps the previous step)."""
-        return self._map(lambda t: t.to(device, non_blocking=True))
+        if self.eager is None:
+            tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
+            return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in tensors
+                                                if getattr(self, k) is not None})
+        own = {k: getattr(self, k).to(device, non_blocking=True) for k in self.OWN if getattr(self, k) is not None}
+        buf = self.eager.to(device, non_blocking=True)
+        return dataclasses.replace(self, **own, **self._views(buf), eager=buf)
 
 
 class AttnTables(NamedTuple):
@@ -1558,7 +1603,7 @@ class TrainLoader:
             if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
                 mb.bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
                 mb.bigram_prep = prepare_ids(mb.bigram, self.hp.bigram_vocab_size)
-            micro.append(mb.pin_memory() if self.d.device.type == "cuda" else mb)
+            micro.append(mb.pack(pin=self.d.device.type == "cuda"))
         return micro, new_state
 
     def _worker(self, state):

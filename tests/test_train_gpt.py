@@ -1347,6 +1347,54 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
 # Data loader, schedule, errors
 
 
+def test_micro_batch_pack_moves_the_eager_tensors_in_one_copy(smoke_data):
+    """MicroBatch.pack (the loader's): prep, bigram and bigram_prep become views of one int32 buffer, each at a
+    multiple of 128 bytes, with their values; to() moves a packed micro-batch with 4 copies (ids, targets,
+    cu_seqlens, the buffer) instead of 10, and rebuilds the views at the same offsets of the moved buffer; ids,
+    targets and cu_seqlens keep storages of their own (the compiled region's inputs)."""
+    V, rows, T = 500, 251, 300  # odd lengths (V + 1, rows + 1 = 501 and 252): the alignment must pad them
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, V - 1, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 90, 91]] = V - 1
+    big = tg.bigram_hash(ids, rows, V - 1)
+    mb = tg.MicroBatch(ids, torch.randint(0, V, (T,), generator=g), tg.prepare_ids(ids, V),
+                       tg.doc_cu_seqlens(ids, V - 1), big, tg.prepare_ids(big, rows), max_len=128)
+
+    def eager_of(m):
+        return [*m.prep[:3], m.bigram, *m.bigram_prep[:3]]
+
+    eager = eager_of(mb)
+    packed = mb.pack()
+    for a, b in zip(eager_of(packed), eager, strict=True):
+        assert torch.equal(a, b)
+        assert a.untyped_storage().data_ptr() == packed.eager.untyped_storage().data_ptr()
+        assert a.storage_offset() % 32 == 0, a.storage_offset()
+    for name in tg.MicroBatch.OWN:
+        assert torch.equal(getattr(packed, name), getattr(mb, name))
+        assert getattr(packed, name).untyped_storage().data_ptr() != packed.eager.untyped_storage().data_ptr()
+    assert packed.max_len == 128 and packed.prep.num_embeddings == V and packed.bigram_prep.n == T
+
+    def copies(m):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            moved = m.to(torch.device("meta"))
+        return sum(e.name == "aten::_to_copy" for e in prof.events()), moved
+
+    n_packed, moved = copies(packed)
+    n_plain, _ = copies(mb)
+    assert (n_packed, n_plain) == (4, 10)
+    assert moved.eager.device.type == "meta"
+    for a, b in zip(eager_of(moved), eager_of(packed), strict=True):
+        assert a.device.type == "meta" and a.shape == b.shape and a.storage_offset() == b.storage_offset()
+    back = packed.to(torch.device("cpu"))
+    for a, b in zip(eager_of(back), eager, strict=True):
+        assert torch.equal(a, b)
+    hp = tg.smoke_hyperparameters()
+    ld = tg.TrainLoader(hp, shard_files(smoke_data / "smoke_train_*.bin"), tg.Dist(), lambda s: 256)
+    for m in ld.next():
+        assert all(t.untyped_storage().data_ptr() == m.eager.untyped_storage().data_ptr() for t in eager_of(m))
+    ld.close()
+
+
 def test_loader_rank_split_matches_single_rank(smoke_data):
     hp = tg.smoke_hyperparameters()
     files = shard_files(smoke_data / "smoke_train_*.bin")
