@@ -649,15 +649,30 @@ def _unit_last_dim(*tensors):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
-@torch.library.custom_op("speedrun::doc_attention", mutates_args=())
-def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, window: torch.Tensor,
-                  max_len: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Causal attention within documents over a sliding window, with torch's FlashAttention (varlen) kernels.
-    q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window: 0-d int64 CPU tensor, the
-    window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in one document). The
-    window is read on the host, from a CPU tensor, so that a compiled caller takes it as an argument (no
-    recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the softmax
-    log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
+# The attention ops, registered with torch.library's low-level API (define, then a kernel per dispatch key)
+# rather than torch.library.custom_op: the compiled step launches them from Python, twice per attention layer and
+# micro-step, and custom_op wraps every call in Python layers of its own (an autograd kernel, a device-kernel
+# wrapper with a dynamo guard, an aliasing check). Here the ops the compiled step calls, doc_attention_fwd and
+# doc_attention_bwd, run no Python but their CUDA kernels (no autograd kernel: the dispatcher's C++ fallback
+# passes them through). doc_attention, the op the model calls, exists for autograd: its autograd kernel applies
+# _DocAttention, whose forward calls doc_attention_fwd and whose backward doc_attention_bwd, so that these two,
+# not doc_attention, are what torch.compile records in the forward and backward graphs.
+_ATTENTION_LIB = torch.library.Library("speedrun", "FRAGMENT")
+_ATTENTION_ARGS = "Tensor q, Tensor k, Tensor v, Tensor cu, Tensor window, SymInt max_len, float scale"
+for _name in ("doc_attention", "doc_attention_fwd"):
+    _ATTENTION_LIB.define(f"{_name}({_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
+_ATTENTION_LIB.define("doc_attention_bwd(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                      "Tensor rng, Tensor cu, Tensor window, SymInt max_len, float scale, bool deterministic) "
+                      "-> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
+
+
+def _doc_attention_flash(q, k, v, cu, window, max_len, scale):
+    """speedrun::doc_attention_fwd on CUDA: causal attention within documents over a sliding window, with torch's
+    FlashAttention (varlen) kernels. q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window:
+    0-d int64 CPU tensor, the window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in
+    one document). The window is read on the host, from a CPU tensor, so that a compiled caller takes it as an
+    argument (no recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the
+    softmax log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
     fused projection's (T, 3, H, D) output in layers without a value embedding): FlashAttention reads any token
     and head strides, so only a last dim that is not contiguous is copied."""
     out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
@@ -666,21 +681,17 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
     return out, lse, rng
 
 
-@doc_attention.register_fake
-def _(q, k, v, cu, window, max_len, scale):
+def _doc_attention_fake(q, k, v, cu, window, max_len, scale):
     # torch's own shape rule for the op (the log-sum-exp layout differs between versions)
     out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
         q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale, window_size_left=0, window_size_right=0)
     return out, lse, rng
 
 
-@torch.library.custom_op("speedrun::doc_attention_bwd", mutates_args=())
-def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                      lse: torch.Tensor, rng: torch.Tensor, cu: torch.Tensor, window: torch.Tensor, max_len: int,
-                      scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the strides of q, k, v. FlashAttention's
-    backward accumulates dq with atomics unless deterministic algorithms are on without warn_only:
-    --deterministic asks for that here, for this call."""
+def _doc_attention_flash_bwd(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+    """speedrun::doc_attention_bwd on CUDA: (dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the
+    strides of q, k, v. FlashAttention's backward accumulates dq with atomics unless deterministic algorithms are
+    on without warn_only: --deterministic asks for that here, for this call."""
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
@@ -695,25 +706,46 @@ def doc_attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
-@doc_attention_bwd.register_fake
-def _(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+def _doc_attention_bwd_fake(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _doc_attention_setup(ctx, inputs, output):
-    q, k, v, cu, window, ctx.max_len, ctx.scale = inputs
-    out, lse, rng = output
-    ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
-    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-    ctx.mark_non_differentiable(lse, rng)
+doc_attention = torch.ops.speedrun.doc_attention.default
+doc_attention_fwd = torch.ops.speedrun.doc_attention_fwd.default
+doc_attention_bwd = torch.ops.speedrun.doc_attention_bwd.default
 
 
-def _doc_attention_backward(ctx, grad, *_):
-    dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+class _DocAttention(torch.autograd.Function):
+    """doc_attention's autograd: doc_attention_fwd, and doc_attention_bwd for the gradients of q, k and v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, window, max_len, scale):
+        out, lse, rng = doc_attention_fwd(q, k, v, cu, window, max_len, scale)
+        ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
+        ctx.max_len, ctx.scale = max_len, scale
+        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+        ctx.mark_non_differentiable(lse, rng)
+        return out, lse, rng
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
 
 
-doc_attention.register_autograd(_doc_attention_backward, setup_context=_doc_attention_setup)
+def _doc_attention_autograd(q, k, v, cu, window, max_len, scale):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _DocAttention.apply(q, k, v, cu, window, max_len, scale)
+    return doc_attention_fwd(q, k, v, cu, window, max_len, scale)
+
+
+_ATTENTION_LIB.impl("doc_attention", _doc_attention_autograd, "Autograd")
+_ATTENTION_LIB.impl("doc_attention", doc_attention_fwd, "CompositeExplicitAutograd")  # called below autograd
+_ATTENTION_LIB.impl("doc_attention_fwd", _doc_attention_flash, "CUDA")
+_ATTENTION_LIB.impl("doc_attention_bwd", _doc_attention_flash_bwd, "CUDA")
+for _name, _fake in (("doc_attention", _doc_attention_fake), ("doc_attention_fwd", _doc_attention_fake),
+                     ("doc_attention_bwd", _doc_attention_bwd_fake)):
+    torch.library.register_fake(f"speedrun::{_name}", _fake, lib=_ATTENTION_LIB)
 
 
 def flash_attend(q, k, v, seq, window, scale):
@@ -741,10 +773,12 @@ def make_attn_sublayer(hp, attend):
                       paired=False, key_offset=False, bos=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam (2,) fp32 multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
-        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d fp32: the softmax scale,
-        applied to q (a tensor: YaRN changes it without a recompile). seq: the DocSeq of the sequence, or with
-        paired of the interleaved 2T sequence; window: 0-d int64 CPU tensor, in tokens. key_offset: the keys'
+        lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
+        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d: the softmax scale,
+        applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
+        already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
+        seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
+        tensor, in tokens. key_offset: the keys'
         position-free dims are taken from the previous token, except at the BOS positions (bos (T,) bool; the
         record shifts across documents too)."""
         T, C = x.shape
@@ -793,7 +827,7 @@ def attn_residual(lane0, lane1, out, inject, resid, post):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
     single-lane layers have no output weight). inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C);
-    resid 0-d and post (2,) fp32."""
+    resid 0-d and post (2,) fp32 or already in the lanes' dtype (cast here)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     if lane1 is None:
         return r * lane0 + out + inject, None
@@ -874,17 +908,62 @@ class MicroBatch:
     bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
     bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
     max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
+    eager: torch.Tensor = None  # int32 buffer whose views are prep, bigram and bigram_prep (pack), or None
 
-    def _map(self, fn):
-        tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
-        return dataclasses.replace(self, **{k: fn(getattr(self, k)) for k in tensors if getattr(self, k) is not None})
+    OWN = ("ids", "targets", "cu_seqlens")  # tensors with storages of their own (the compiled region's inputs)
+    ALIGN = 32  # int32 elements: each view of the packed buffer starts at a multiple of 128 bytes
 
-    def pin_memory(self):
-        return self._map(lambda t: t.pin_memory())
+    def _parts(self):
+        """prep's three tensors, bigram and bigram_prep's three, those not None, in the order pack() writes them."""
+        return [*(self.prep[:3] if self.prep is not None else ()), *(() if self.bigram is None else (self.bigram,)),
+                *(self.bigram_prep[:3] if self.bigram_prep is not None else ())]
+
+    def _layout(self):
+        """The sizes that split a packed buffer into the parts (even entries) and the padding after each (odd
+        entries), so that every part starts at a multiple of ALIGN elements; and the buffer's length."""
+        sizes = []
+        for t in self._parts():
+            sizes += [t.numel(), -t.numel() % self.ALIGN]
+        return sizes, sum(sizes)
+
+    def _views(self, buf):
+        """prep, bigram and bigram_prep (those not None) as views of ``buf`` (one split: the host cost of to())."""
+        views = iter(buf.split_with_sizes(self._layout()[0])[::2])
+        out = {}
+        if self.prep is not None:
+            out["prep"] = self.prep._replace(order=next(views), sorted_ids=next(views), row_ptr=next(views))
+        if self.bigram is not None:
+            out["bigram"] = next(views)
+        if self.bigram_prep is not None:
+            out["bigram_prep"] = self.bigram_prep._replace(order=next(views), sorted_ids=next(views),
+                                                           row_ptr=next(views))
+        return out
+
+    def pack(self, pin=False):
+        """This micro-batch with prep, bigram and bigram_prep (int32 tensors only the eager lookups read) copied into
+        one buffer, whose views they become: to() moves it to the device with one copy instead of one per tensor.
+        ids, targets and cu_seqlens stay tensors of their own: they are the compiled region's inputs, whose guards
+        a view of a shared storage would change. pin: every tensor in pinned memory (for a non-blocking copy)."""
+        own = {k: getattr(self, k) for k in self.OWN if getattr(self, k) is not None}
+        own = {k: t.pin_memory() for k, t in own.items()} if pin else own
+        parts = self._parts()
+        if not parts:
+            return dataclasses.replace(self, **own)
+        buf = torch.empty(self._layout()[1], dtype=torch.int32, pin_memory=pin)
+        packed = dataclasses.replace(self, **own, **self._views(buf), eager=buf)
+        for dst, src in zip(packed._parts(), parts, strict=True):
+            dst.copy_(src)
+        return packed
 
     def to(self, device):
         """On ``device``, copied without blocking (from pinned memory: the copy overlaps the previous step)."""
-        return self._map(lambda t: t.to(device, non_blocking=True))
+        if self.eager is None:
+            tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
+            return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in tensors
+                                                if getattr(self, k) is not None})
+        own = {k: getattr(self, k).to(device, non_blocking=True) for k in self.OWN if getattr(self, k) is not None}
+        buf = self.eager.to(device, non_blocking=True)
+        return dataclasses.replace(self, **own, **self._views(buf), eager=buf)
 
 
 class AttnTables(NamedTuple):
@@ -969,16 +1048,24 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         seq = DocSeq(cu, docs, tables.max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
+        # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and indexed after (the
+        # sublayers' own casts are then no-ops): per use, every scalar would be a cast of its own, one tiny kernel
+        # in the forward and one in the backward per use. The same values, and the same gradients: every element
+        # is still cast once, so its fp32 gradient is its one low-precision gradient, converted.
+        lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
-        smear_lambda, backout_lambda, skip_lambda = params["scalars"][n:n + 3]
-        resid, post = params["resid_lambdas"].unbind(0), params["post_lambdas"].unbind(0)
-        x0_lams, b_lams = params["x0_lambdas"].unbind(0), params["bigram_lambdas"].unbind(0)
+        scalars = params["scalars"][:n + 2].to(lp)
+        smear_lambda, backout_lambda = scalars[n], scalars[n + 1]
+        skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
+        resid, post = params["resid_lambdas"].to(lp).unbind(0), params["post_lambdas"].to(lp).unbind(0)
+        x0_lams, b_lams = params["x0_lambdas"].to(lp).unbind(0), params["bigram_lambdas"].to(lp).unbind(0)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
-        attn_lams = params["scalars"][:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
+        attn_lams = scalars[:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
-        attn_gates = params["attn_gate"].unbind(0)
-        ve_gates = params["ve_gate"].unbind(0)
+        attn_gates = params["attn_gate"].to(lp).unbind(0)
+        ve_gates = params["ve_gate"].to(lp).unbind(0)
+        qscale = tables.qscale.to(lp)
         G = hp.gate_dims
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
@@ -998,16 +1085,16 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 lam = attn_lams[a] if attn_lams is not None else None
                 if i in paired:
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
-                               tables.paired_sin, tables.qscale, seq2, windows[kind], paired=True)
+                               tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
-                               tables.sin, tables.qscale, seq, windows[kind], key_offset=ko, bos=bos)
+                               tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos)
                 a += 1
-                inject = x0_lams[i].to(x0.dtype) * x0
+                inject = x0_lams[i] * x0
                 if big is not None and i > 0:  # layer 0's bigram is in the prelude
-                    inject = inject + b_lams[i].to(x0.dtype) * big
+                    inject = inject + b_lams[i] * big
                 lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
             if i == hp.skip_from:
                 skip = lane0
@@ -1018,7 +1105,7 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
         if hp.backout:
             # Back out what the first layers wrote for later context rather than for the prediction (public record).
-            x = x - backout_lambda.to(x.dtype) * back
+            x = x - backout_lambda * back
         return x
 
     return layers
@@ -1532,7 +1619,7 @@ class TrainLoader:
             if self.hp.bigram:  # hashed and sorted here, off the training thread: no device work, no sync
                 mb.bigram = bigram_hash(ids, self.hp.bigram_vocab_size, self.hp.bos_id)
                 mb.bigram_prep = prepare_ids(mb.bigram, self.hp.bigram_vocab_size)
-            micro.append(mb.pin_memory() if self.d.device.type == "cuda" else mb)
+            micro.append(mb.pack(pin=self.d.device.type == "cuda"))
         return micro, new_state
 
     def _worker(self, state):

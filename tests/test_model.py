@@ -467,6 +467,45 @@ def test_full_forward_gradients_reach_every_feature_parameter(device):
     assert touched == rows
 
 
+def _float_casts_traced(hp, T=256):
+    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) in the graph dynamo
+    traces from fns.layers (CPU, dense attention), without compiling it."""
+    params = tg.init_params(hp, torch.device("cpu"), 0)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    ids = torch.arange(T, dtype=torch.int32) % hp.bos_id
+    ids[[0, 100]] = hp.bos_id
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        layers = torch.compile(fns.layers, backend=record, fullgraph=True, dynamic=False)
+        layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {}))
+    finally:
+        torch._dynamo.reset()
+    casts = 0
+    for node in graphs[0].graph.nodes:
+        if node.op in ("call_method", "call_function") and node.target in ("to", torch.Tensor.to):
+            src, out = node.args[0].meta["example_value"], node.meta["example_value"]
+            casts += src.dtype.is_floating_point and out.dtype != src.dtype
+    return casts
+
+
+def test_layers_cast_each_scalar_and_gate_table_once():
+    """bf16 layers: the fp32 scalar and gate tables are cast to the lanes' dtype once per micro-step, whatever the
+    depth, rather than once per use (each per-use cast of a scalar is a tiny kernel of its own in the compiled
+    forward and one more in its backward): the traced graph of 4 and of 6 layers holds the same number of casts."""
+    counts = []
+    for layers in (4, 6):
+        hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,))
+        counts.append(_float_casts_traced(hp))
+    assert counts[0] == counts[1], f"float casts in the traced layers: {counts[0]} at 4 layers, {counts[1]} at 6"
+
+
 # ----------------------------------------------------------------------------------------------------
 # FP8 head
 

@@ -20,6 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+
 from tolerances import assert_close_report, assert_matches_torch
 
 import run_log
@@ -1298,8 +1301,171 @@ def test_flash_attend_backward_is_deterministic_when_asked():
             assert torch.equal(a, b)
 
 
+def _python_calls(kernel, op, *args):
+    """Names of the Python functions that run during op(*args), not counting those called inside ``kernel`` (a
+    function: the op's kernel)."""
+    names, inside = [], []
+
+    def profile(frame, event, arg):
+        if event == "call" and not inside:
+            names.append(frame.f_code.co_name)
+            if frame.f_code is kernel.__code__:
+                inside.append(frame)
+        elif event == "return" and inside and frame is inside[0]:
+            inside.clear()
+
+    sys.setprofile(profile)
+    try:
+        op(*args)
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_attention_ops_plumbing_with_cpu_stand_ins():
+    """The attention ops' registration, on the CPU, with dense stand-ins registered as their CPU kernels in
+    FlashAttention's place (the FlashAttention kernels themselves: the GPU tests above). doc_attention's output
+    and its gradients of q, k and v are the stand-ins' bit for bit, eagerly and compiled (aot_eager: the ops'
+    fakes and torch.compile's joint graph); the compiled graphs call doc_attention_fwd and doc_attention_bwd;
+    the kernels get the window, max_len, scale and the deterministic-algorithms flag of the forward; and a call of
+    either of the compiled graphs' ops runs no Python but its kernel's (and the op object's __call__): no
+    autograd or wrapper layers, which cost host time on each of the step's Python launches."""
+    T, H, D, window, max_len, scale = 96, 2, 16, 24, 64, 0.3
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 500, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 30, 31, 70]] = 511
+    cu, docs = tg.doc_cu_seqlens(ids, 511), tg.doc_ids(ids, 511)
+    qkv = [torch.randn(T, H, D, generator=g).to(torch.bfloat16) for _ in range(3)]
+    dy = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
+    calls = []
+
+    def dense_fwd(q, k, v, cu_, window_, max_len_, scale_):
+        calls.append(("fwd", int(window_), max_len_, scale_))
+        out = tg.dense_attend(q, k, v, tg.DocSeq(cu_, docs, max_len_), int(window_), scale_).contiguous()
+        return out, torch.zeros(H, T), torch.zeros(2, dtype=torch.int64)
+
+    def dense_grads(dy, q, k, v, window_, scale_):
+        """(dq, dk, dv) of dense attention, written out in fp32 (a kernel may run below autograd)."""
+        qf, kf, vf, dyf = (t.float().transpose(0, 1) for t in (q, k, v, dy))  # (H, T, D)
+        rel = torch.arange(T)[:, None] - torch.arange(T)[None]
+        mask = (rel >= 0) & (rel < window_) & (docs[:, None] == docs[None])
+        p = torch.softmax((qf @ kf.transpose(1, 2) * scale_).masked_fill(~mask, float("-inf")), -1)
+        dp = dyf @ vf.transpose(1, 2)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        grads = scale_ * ds @ kf, scale_ * ds.transpose(1, 2) @ qf, p.transpose(1, 2) @ dyf
+        return tuple(t.transpose(0, 1).to(q.dtype).contiguous() for t in grads)
+
+    def dense_bwd(grad, q, k, v, out, lse, rng, cu_, window_, max_len_, scale_, deterministic):
+        calls.append(("bwd", int(window_), max_len_, scale_, deterministic))
+        return dense_grads(grad, q, k, v, int(window_), scale_)
+
+    def attention(q, k, v):
+        return tg.doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
+
+    y_ref = tg.dense_attend(*qkv, tg.DocSeq(cu, docs, max_len), window, scale)
+    g_ref = dense_grads(dy, *qkv, window, scale)
+    graphs = {}
+
+    def record(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def aot_eager(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=record("fw"), bw_compiler=record("bw"))
+
+    lib = torch.library.Library("speedrun", "IMPL")
+    lib.impl("doc_attention_fwd", dense_fwd, "CPU")
+    lib.impl("doc_attention_bwd", dense_bwd, "CPU")
+    torch._dynamo.reset()
+    try:
+        for compiled in (False, True):
+            f = torch.compile(attention, backend=aot_eager, fullgraph=True) if compiled else attention
+            calls.clear()
+            leaves = [t.clone().requires_grad_() for t in qkv]
+            y = f(*leaves)
+            grads = torch.autograd.grad(y, leaves, dy)
+            assert torch.equal(y, y_ref), f"compiled={compiled}"
+            for name, a, b in zip("qkv", grads, g_ref):
+                assert torch.equal(a, b), f"d{name}, compiled={compiled}"
+            assert calls == [("fwd", window, max_len, scale), ("bwd", window, max_len, scale, False)], calls
+        assert "speedrun.doc_attention_fwd.default" in graphs["fw"], graphs["fw"]
+        assert "speedrun.doc_attention_bwd.default" in graphs["bw"], graphs["bw"]
+        assert not any("speedrun.doc_attention.default" == n for n in graphs["fw"] | graphs["bw"])
+        before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            calls.clear()
+            leaves = [t.clone().requires_grad_() for t in qkv]
+            torch.autograd.grad(attention(*leaves), leaves, dy)
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        assert calls[-1][-1] is True, calls
+        # What the compiled step runs per call: the op object's __call__, then the kernel, nothing else.
+        args = (*qkv, cu, torch.tensor(window), max_len, scale)
+        with torch.no_grad():
+            fwd_out = tg.doc_attention_fwd(*args)
+            names = _python_calls(dense_fwd, tg.doc_attention_fwd, *args)
+            assert names == ["__call__", "dense_fwd"], names
+            names = _python_calls(dense_bwd, tg.doc_attention_bwd, dy, *qkv, *fwd_out, cu, torch.tensor(window),
+                                  max_len, scale, False)
+            assert names == ["__call__", "dense_bwd"], names
+    finally:
+        lib._destroy()
+        torch._dynamo.reset()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Data loader, schedule, errors
+
+
+def test_micro_batch_pack_moves_the_eager_tensors_in_one_copy(smoke_data):
+    """MicroBatch.pack (the loader's): prep, bigram and bigram_prep become views of one int32 buffer, each at a
+    multiple of 128 bytes, with their values; to() moves a packed micro-batch with 4 copies (ids, targets,
+    cu_seqlens, the buffer) instead of 10, and rebuilds the views at the same offsets of the moved buffer; ids,
+    targets and cu_seqlens keep storages of their own (the compiled region's inputs)."""
+    V, rows, T = 500, 251, 300  # odd lengths (V + 1, rows + 1 = 501 and 252): the alignment must pad them
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, V - 1, (T,), generator=g, dtype=torch.int32)
+    ids[[0, 90, 91]] = V - 1
+    big = tg.bigram_hash(ids, rows, V - 1)
+    mb = tg.MicroBatch(ids, torch.randint(0, V, (T,), generator=g), tg.prepare_ids(ids, V),
+                       tg.doc_cu_seqlens(ids, V - 1), big, tg.prepare_ids(big, rows), max_len=128)
+
+    def eager_of(m):
+        return [*m.prep[:3], m.bigram, *m.bigram_prep[:3]]
+
+    eager = eager_of(mb)
+    packed = mb.pack()
+    for a, b in zip(eager_of(packed), eager, strict=True):
+        assert torch.equal(a, b)
+        assert a.untyped_storage().data_ptr() == packed.eager.untyped_storage().data_ptr()
+        assert a.storage_offset() % 32 == 0, a.storage_offset()
+    for name in tg.MicroBatch.OWN:
+        assert torch.equal(getattr(packed, name), getattr(mb, name))
+        assert getattr(packed, name).untyped_storage().data_ptr() != packed.eager.untyped_storage().data_ptr()
+    assert packed.max_len == 128 and packed.prep.num_embeddings == V and packed.bigram_prep.n == T
+
+    def copies(m):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            moved = m.to(torch.device("meta"))
+        return sum(e.name == "aten::_to_copy" for e in prof.events()), moved
+
+    n_packed, moved = copies(packed)
+    n_plain, _ = copies(mb)
+    assert (n_packed, n_plain) == (4, 10)
+    assert moved.eager.device.type == "meta"
+    for a, b in zip(eager_of(moved), eager_of(packed), strict=True):
+        assert a.device.type == "meta" and a.shape == b.shape and a.storage_offset() == b.storage_offset()
+    back = packed.to(torch.device("cpu"))
+    for a, b in zip(eager_of(back), eager, strict=True):
+        assert torch.equal(a, b)
+    hp = tg.smoke_hyperparameters()
+    ld = tg.TrainLoader(hp, shard_files(smoke_data / "smoke_train_*.bin"), tg.Dist(), lambda s: 256)
+    for m in ld.next():
+        assert all(t.untyped_storage().data_ptr() == m.eager.untyped_storage().data_ptr() for t in eager_of(m))
+    ld.close()
 
 
 def test_loader_rank_split_matches_single_rank(smoke_data):
