@@ -22,6 +22,7 @@ import tiktoken
 import torch
 
 import evaluation as ev
+import run_log
 import train_gpt as tg
 from data import hellaswag as hs
 # the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
@@ -33,7 +34,7 @@ SAMPLE = FIXTURES / "hellaswag_val_sample.jsonl"
 NUMBERS = FIXTURES / "hellaswag_numbers.jsonl"
 # tiktoken's gpt2 files: TIKTOKEN_CACHE_DIR, or the team's shared copy beside the checkout or its worktree folder
 GPT2_CACHES = (REPO.parent / "shared" / "tiktoken_cache", REPO.parent.parent / "shared" / "tiktoken_cache")
-EVAL_SLEEP_S = 0.75  # an evaluation's extra time in the smoke run: 3 of them before step 5 if the clock ran
+EVAL_JUMP_S = 1000.0  # an evaluation's extra time in the smoke run (a jump of the trainer's clock, no sleep)
 GPT2_FILES = ("6d1cbeee0f20b3d9449abfede4726ed8212e3aee", "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6")
 
 
@@ -272,9 +273,16 @@ def smoke_run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: NumberEncoding()))
     evaluate = tg.HellaSwag.evaluate
+    # The trainer's and the step clock's time.perf_counter, which each evaluation moves EVAL_JUMP_S ahead: an
+    # evaluation that takes that much longer, which the clock must not count (a sleep would cost the suite time).
+    jumps, perf_counter = [0.0], time.perf_counter
+    clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+    clock.perf_counter = lambda: perf_counter() + jumps[0]
+    mp.setattr(tg, "time", clock)
+    mp.setattr(run_log, "time", clock)
 
-    def slow_evaluate(*args, **kwargs):  # an evaluation that takes EVAL_SLEEP_S longer: must not be timed
-        time.sleep(EVAL_SLEEP_S)
+    def slow_evaluate(*args, **kwargs):
+        jumps[0] += EVAL_JUMP_S
         return evaluate(*args, **kwargs)
 
     mp.setattr(tg.HellaSwag, "evaluate", slow_evaluate)
@@ -299,12 +307,13 @@ def test_hellaswag_every_logs_outside_the_clock(smoke_run):
     for ln, v in zip(hs_lines, values):
         assert 0 <= v <= 1 and ln == f"{ln.split()[0]} hellaswag_acc_norm:{v:.4f}"
     # The clock stops: the train_time of step 5 is the sum of the 5 steps' own durations (stage_step_avg:
-    # 2, 2 and 1 steps), not that plus the 3 evaluations before it (each slowed by EVAL_SLEEP_S).
+    # 2, 2 and 1 steps), and none of the 3 evaluations before it (each EVAL_JUMP_S long) is in it or in a step's.
     text = "\n".join(events)
     train_ms = float(re.search(r"^step:5/5 train_time:([\d.]+)ms", text, re.M)[1])
     avg = [float(x) for x in re.findall(r"stage\d:([\d.]+)ms", text)]
     assert len(avg) == 3
-    assert abs(train_ms - (2 * avg[0] + 2 * avg[1] + avg[2])) < 1000 * EVAL_SLEEP_S, (train_ms, avg)
+    assert train_ms < 1000 * EVAL_JUMP_S, f"an evaluation was timed: train_time {train_ms} ms"
+    assert abs(train_ms - (2 * avg[0] + 2 * avg[1] + avg[2])) < 1, (train_ms, avg)
 
 
 def _reference_scores(hp, params, fns, device):
