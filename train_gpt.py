@@ -593,15 +593,17 @@ def yarn_state(hp, long_window):
 
 
 def rotary_tables(hp, T, device, dtype, freq=None, paired=False):
-    """cos/sin (T, 1, D/2) of angle position * freq (default: rotary_freq). paired: (T, H, D/2), head h at
-    token t rotated as position 2t + h % 2 (the public record's paired-head tables: the two heads of a pair
-    are consecutive positions of the interleaved sequence)."""
+    """The tables rotary multiplies by, full width: cos (T, 1, D) = [c, c] and sin (T, 1, D) = [s, -s], with c and
+    s (T, 1, D/2) the cosine and sine of angle position * freq (default: rotary_freq), rounded to dtype. paired:
+    (T, H, D), head h at token t rotated as position 2t + h % 2 (the public record's paired-head tables: the two
+    heads of a pair are consecutive positions of the interleaved sequence)."""
     freq = (rotary_freq(hp) if freq is None else freq).to(device)
     pos = torch.arange(T, dtype=torch.float32, device=device)[:, None]
     if paired:
         pos = 2 * pos + (torch.arange(hp.num_heads, device=device) % 2)[None]
     theta = pos[..., None] * freq  # (T, 1 or H, D/2), one fp32 product per entry as torch.outer
-    return theta.cos().to(dtype), theta.sin().to(dtype)
+    c, s = theta.cos().to(dtype), theta.sin().to(dtype)
+    return torch.cat([c, c], -1), torch.cat([s, -s], -1)
 
 
 def bigram_hash(ids, rows, bos_id):
@@ -618,8 +620,13 @@ def bigram_hash(ids, rows, bos_id):
 
 
 def rotary(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+    """x (..., D) with each pair (x1, x2) = (x[i], x[i + D/2]) turned to (x1 c + x2 s, x2 c - x1 s), from rotary_tables'
+    full-width cos = [c, c] and sin = [s, -s]: x * cos + swap(x) * sin, swap exchanging the two halves of the last
+    dim. Elementwise, with the halves' exchange an index map (a flip of the (2, D/2) view): the compiled forward and
+    backward need no slices or concatenation, and each element is the same two products and one sum (-(x1 s) is
+    x1 (-s) exactly)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * sin
 
 
 def doc_ids(ids, bos_id):
@@ -774,7 +781,7 @@ def make_attn_sublayer(hp, attend):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
-        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d: the softmax scale,
+        cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
@@ -970,9 +977,9 @@ class AttnTables(NamedTuple):
     """What attention needs besides the tokens, for micro-batches of T tokens at windows (short, long): tensors
     made once per (T, windows) on the host and passed to the compiled region as arguments, so that a stage
     change never recompiles it and no step copies anything from the host."""
-    cos: torch.Tensor  # (T, 1, D/2) rotary tables, YaRN-adjusted for the long window
+    cos: torch.Tensor  # (T, 1, D) rotary_tables, YaRN-adjusted for the long window
     sin: torch.Tensor
-    paired_cos: Optional[torch.Tensor]  # (T, H, D/2) for paired-head layers (None without them)
+    paired_cos: Optional[torch.Tensor]  # (T, H, D) for paired-head layers (None without them)
     paired_sin: Optional[torch.Tensor]
     qscale: torch.Tensor  # 0-d fp32 softmax scale (YaRN grows it with the long window)
     short: torch.Tensor  # 0-d int64 CPU tensor: the short window in tokens (read by doc_attention on the host)
