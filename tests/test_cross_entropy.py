@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from kernels.cross_entropy import (DEFAULT_CONFIG, FP8_GRAD_S, FP8_W_S, FP8_X_S, FWD_GRAD_CONFIG, _hw_fp8, _to_e5m2,
-                                   fp8_head_ce, fp8_head_ce_bwd, fp8_head_ce_grad_in_fwd, head_ce_grad_in_fwd,
+                                   fp8_head_ce, fp8_head_ce_bwd, fp8_head_ce_grad_in_fwd, fp8_head_weights,
+                                   head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_bwd,
                                    softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
                                    softcapped_cross_entropy_fwd_grad, softcapped_cross_entropy_fwd_grad_e5m2,
@@ -819,10 +820,11 @@ def test_fp8_head_ce_grad_in_fwd(device):
     x, w, t, wk = _head_case(device, dtype=torch.bfloat16, w_std=0.05)
     N = x.shape[0]
     grad_s = FP8_GRAD_S / (N * 8)
-    loss, g8, x8, w8 = fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)
-    losses, logits, stats, x8_old, w8_old = fp8_head_ce(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)
+    w8s = fp8_head_weights(w, FP8_W_S)
+    loss, g8, x8 = fp8_head_ce_grad_in_fwd(x, w, *w8s, t, wk, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)
+    losses, logits, stats, x8_old = fp8_head_ce(x, w, *w8s, t, wk, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)
     assert torch.equal(x8.view(torch.uint8), x8_old.view(torch.uint8))
-    assert torch.equal(w8.view(torch.uint8), w8_old.view(torch.uint8))
+    w8 = w8s.w8
     assert loss.shape == () and torch.equal(loss, losses.mean())
     _, want_g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, t, wk, *SOFTCAP, GRAD_SCALE / N, grad_s)
     assert torch.equal(g8.view(torch.uint8), want_g8.view(torch.uint8))
@@ -854,19 +856,42 @@ def test_fp8_head_ce_grad_in_fwd(device):
             assert_close_report(got.double(), e64, atol=bound, name=f"fp8 head {name} ({which})")
 
 
+@pytest.mark.parametrize("C,V", [(32, 208), (48, 123)])
+def test_fp8_head_weights_are_the_per_call_e4m3_copies(C, V, device):
+    """fp8_head_weights: w8 is torch's cast of w / w_s to e4m3 (the division rounded to w's dtype first), w8t its
+    transpose, both contiguous, the same bytes (V = 123: the transpose's tail tiles); not differentiable. The FP8
+    heads reject operands in another layout or dtype before any matmul."""
+    g = torch.Generator().manual_seed(8)
+    w = (torch.randn(C, V, generator=g) * 0.05 - 0.01).to(device, torch.bfloat16).requires_grad_()
+    w8, w8t = fp8_head_weights(w, FP8_W_S)
+    want = (w.detach() / FP8_W_S).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert w8.shape == (C, V) and w8t.shape == (V, C) and w8.is_contiguous() and w8t.is_contiguous()
+    assert w8.dtype == w8t.dtype == torch.float8_e4m3fn and not w8.requires_grad
+    assert torch.equal(w8.view(torch.uint8), want) and torch.equal(w8t.view(torch.uint8), want.T)
+    assert (want != 0).float().mean() > 0.9, "the copies should be mostly nonzero for this test to mean anything"
+    x, _, t, wk = _head_case(device, N=16, C=C, V=V, dtype=torch.bfloat16)
+    for bad in ((w8t, w8), (w8, w8.T), (w.detach(), w8t)):  # swapped, w8t a strided view, w8 not float8
+        with pytest.raises(ValueError, match="fp8_head_weights"):
+            fp8_head_ce(x, w, *bad, t, wk, FP8_X_S, FP8_W_S, 1e-3, *SOFTCAP)
+        with pytest.raises(ValueError, match="fp8_head_weights"):
+            fp8_head_ce_grad_in_fwd(x, w, *bad, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
+
+
 def test_heads_custom_op_opcheck(device):
     """Schema, fake implementation and autograd registration of the heads' custom ops (the FP8 ones without
-    opcheck's AOT test, which sums their float8 outputs, and the backward's schema test, which multiplies its float8
+    opcheck's AOT test, which sums their float8 outputs, and without its schema test, which multiplies their float8
     inputs: the CPU has neither operation in float8)."""
     x, w, t, wk = _head_case(device, N=16, C=16, V=48)
     torch.library.opcheck(torch.ops.speedrun.head_ce_grad_in_fwd.default, (x, w, t, wk, GRAD_SCALE, *SOFTCAP))
     if not _scaled_mm_works(device):
         return
     xb, wb = x.detach().bfloat16().requires_grad_(), (w.detach() * 0.1).bfloat16().requires_grad_()
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    args = (xb, wb, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
+    utils = ("test_autograd_registration", "test_faketensor")
+    w8s = fp8_head_weights(wb, FP8_W_S)
+    args = (xb, wb, *w8s, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
     torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd.default, args, test_utils=utils)
-    _, g8, x8, w8 = fp8_head_ce_grad_in_fwd(*args)
+    _, g8, x8 = fp8_head_ce_grad_in_fwd(*args)
+    w8 = w8s.w8
     torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd_bwd.default,
                           (torch.tensor(0.3, device=device), g8, x8, w8, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
                            torch.bfloat16), test_utils=("test_faketensor",))    # its float8 inputs: no schema test
@@ -880,7 +905,8 @@ def test_heads_compile_fullgraph_cpu_backends(backend, device):
     heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
     if _scaled_mm_works(device):
         x8in = (x.detach().bfloat16(), (w.detach() * 0.1).bfloat16())
-        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
+        w8s = fp8_head_weights(x8in[1], FP8_W_S)
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x, w, *w8s, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
                                                           *SOFTCAP)[0])
     for i, head in enumerate(heads):
         a, b = (x.detach(), w.detach()) if i == 0 else x8in
@@ -1203,8 +1229,9 @@ def test_heads_compile_fullgraph_inductor(device):
     x, w, t, wk = _head_case(device, N=1024, C=768, V=50304, dtype=torch.bfloat16, w_std=0.04)
     heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
     if torch.cuda.get_device_capability() >= (8, 9):
-        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.0, w, t, wk, FP8_X_S, FP8_W_S, FP8_GRAD_S / 8192,
-                                                          GRAD_SCALE, *SOFTCAP)[0])
+        w8s = fp8_head_weights(w, FP8_W_S)
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.0, w, *w8s, t, wk, FP8_X_S, FP8_W_S,
+                                                          FP8_GRAD_S / 8192, GRAD_SCALE, *SOFTCAP)[0])
     for head in heads:
         torch._dynamo.reset()
         runs = []
