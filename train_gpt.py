@@ -150,7 +150,7 @@ from data.smoke_corpus import write_smoke_corpus
 from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
-from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_ce_grad_in_fwd,
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
@@ -885,21 +885,23 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
     softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with the row kernel and a transpose copy, multiplying head8 =
-    fp8_head_weights(lm_head, FP8_W_S) (required with fp8: the caller's, made once per optimizer step). grad_in_fwd
-    (CUDA): the head and the loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the
-    logits' gradient for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward).
-    With weights (1.0,): the mean next-token CE."""
+    whose backward writes the e5m2 gradient with the row kernel and a transpose copy, multiplying the normed x's
+    e4m3 copy (made here: in the compiled step, by the final norm's kernel) and head8 = fp8_head_weights(lm_head,
+    FP8_W_S) (required with fp8: the caller's, made once per optimizer step). grad_in_fwd (CUDA): the head and the
+    loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits' gradient for the
+    gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With weights (1.0,): the
+    mean next-token CE."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
         if head8 is None:
             raise ValueError("head_loss: the FP8 head multiplies head8 = fp8_head_weights(lm_head, FP8_W_S)")
+        x8 = fp8_e4m3(xn.detach(), FP8_X_S)
         if grad_in_fwd:
-            return fp8_head_ce_grad_in_fwd(xn, lm_head, *head8, targets, weights, FP8_X_S, FP8_W_S,
+            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S,
                                            FP8_GRAD_S / (N * SLOTS), 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
-        return fp8_head_ce(xn, lm_head, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS), softcap,
-                           SOFTCAP_B, SOFTCAP_C)[0].mean()
+        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
+                           softcap, SOFTCAP_B, SOFTCAP_C)[0].mean()
     if grad_in_fwd:
         return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()

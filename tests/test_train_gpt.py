@@ -364,7 +364,8 @@ def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_dat
         made.append(w_s)
         return real_weights(w, w_s)
 
-    def head(x, w, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+        assert torch.equal(x8.view(torch.uint8), (x.detach() / x_s).to(torch.float8_e4m3fn).view(torch.uint8))
         seen.append((w.detach().clone(), w8, w8t))
         return (tg.softcapped_cross_entropy_ref(x.float() @ w.float(), targets, weights, A, B, C),)
     monkeypatch.setattr(tg, "fp8_head_weights", weights)
@@ -1928,7 +1929,7 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
     for dtype, cfg in ce.DEFAULT_CONFIG.items():
         monkeypatch.setitem(ce.FWD_GRAD_CONFIG, dtype, dict(cfg, programs_per_sm=2))
     calls = []
-    for name, first in (("head_ce_grad_in_fwd", 4), ("fp8_head_ce_grad_in_fwd", 6)):  # the scalars after the tensors
+    for name, first in (("head_ce_grad_in_fwd", 4), ("fp8_head_ce_grad_in_fwd", 7)):  # the scalars after the tensors
         op = getattr(tg, name)
         monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:-3]))
                             or op(*a))
