@@ -630,6 +630,17 @@ def rotary(x, cos, sin):
     return x * cos + swapped * sin
 
 
+def offset_keys(k, bos):
+    """k (T, H, D) with k[t]'s position-free dims (the rotary pairs of zero frequency) taken from k[t-1], except at
+    t = 0 and where bos[t] ((T,) bool; the public record shifts across documents too): one layer can then form
+    induction heads. The previous token's key is read through a shift (F.pad of k[:-1]), not a concatenation:
+    elementwise in the compiled forward and backward."""
+    T, D = k.shape[0], k.shape[-1]
+    stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4
+    own = bos | (torch.arange(T, device=k.device) == 0)
+    return torch.where(stationary & ~own[:, None, None], F.pad(k[:-1], (0, 0, 0, 0, 1, 0)), k)
+
+
 def doc_ids(ids, bos_id):
     """Document index per position (cumulative BOS count): the mask allows attention within a document."""
     return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
@@ -786,9 +797,8 @@ def make_attn_sublayer(hp, attend):
         applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
-        tensor, in tokens. key_offset: the keys'
-        position-free dims are taken from the previous token, except at the BOS positions (bos (T,) bool; the
-        record shifts across documents too)."""
+        tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
+        bos (T,) bool)."""
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
@@ -798,9 +808,8 @@ def make_attn_sublayer(hp, attend):
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
-        if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
-            stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4  # the pairs of zero frequency
-            k = torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+        if key_offset:
+            k = offset_keys(k, bos)
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.

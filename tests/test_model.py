@@ -201,6 +201,13 @@ def half_split_rotary(x, cos, sin):
     return torch.cat([x1 * c + x2 * s, x2 * c - x1 * s], -1)
 
 
+def concatenated_key_offset(k, bos):
+    """The key offset with the previous token's key as a concatenation [k[0], k[:-1]] (k[0] keeps its own)."""
+    D = k.shape[-1]
+    stationary = torch.arange(D) % (D // 2) >= D // 4
+    return torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+
+
 def _sublayer_grads(hp, fn, dtype, paired, key_offset, T=128, window=48):
     """The attention sublayer fn (dense attention) on _sublayer_inputs in dtype: [out, d of every input]."""
     inp = _sublayer_inputs(hp, T, seed=5)
@@ -209,8 +216,10 @@ def _sublayer_grads(hp, fn, dtype, paired, key_offset, T=128, window=48):
     docs = tg.doc_ids(inp["ids"], hp.bos_id)
     seq = tg.DocSeq(None, docs.repeat_interleave(2) if paired else docs, None)
     leaves = [t.to(dtype).requires_grad_() for t in (inp["x"], *inp["W"], inp["lam"], inp["ag"], inp["ve"], inp["vg"])]
+    bos = inp["ids"] == hp.bos_id
+    bos[0] = False  # a sequence that starts inside a document: the key offset's rule for position 0 is seen
     out = fn(*leaves, cos, sin, torch.tensor(scale, dtype=dtype), seq, torch.tensor(window), paired=paired,
-             key_offset=key_offset, bos=inp["ids"] == hp.bos_id)
+             key_offset=key_offset, bos=bos)
     dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(dtype)
     return [out, *torch.autograd.grad(out, leaves, dy)]
 
@@ -236,18 +245,20 @@ def _dense_attend_contiguous_grads(q, k, v, seq, window, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("paired,key_offset", [(False, False), (False, True), (True, False)])
-def test_rotary_is_the_half_split_rotation_bit_for_bit(dtype, paired, key_offset, monkeypatch):
-    """rotary's full-width form computes, per element, the products and the sum of the half-split formula: the
+def test_rotary_and_key_offset_are_the_concatenating_forms_bit_for_bit(dtype, paired, key_offset, monkeypatch):
+    """rotary's full-width form computes, per element, the products and the sum of the half-split formula, and
+    offset_keys selects the values the concatenation [k[0], k[:-1]] does (its gradient sums the same terms): the
     attention sublayer's output and every gradient are the same bits with either (eager, CPU; in bf16 every
     product and sum is rounded as the half-split formula rounds it)."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
     fn = tg.make_attn_sublayer(hp, _dense_attend_contiguous_grads)
     got = _sublayer_grads(hp, fn, dtype, paired, key_offset)
     monkeypatch.setattr(tg, "rotary", half_split_rotary)
+    monkeypatch.setattr(tg, "offset_keys", concatenated_key_offset)
     want = _sublayer_grads(hp, fn, dtype, paired, key_offset)
     names = ["out", "dx", "dWq", "dWk", "dWv", "dWo", "dlam", "dgate", "dve", "dvegate"]
     for name, a, b in zip(names, got, want, strict=True):
-        assert torch.equal(a, b), f"{name} differs from the half-split rotation ({dtype}, paired={paired}, " \
+        assert torch.equal(a, b), f"{name} differs from the concatenating forms ({dtype}, paired={paired}, " \
                                   f"key_offset={key_offset}): max |diff| {(a.double() - b.double()).abs().max():.3g}"
 
 
@@ -285,30 +296,40 @@ def _traced_graphs(fn, args):
     return graphs
 
 
-@pytest.mark.parametrize("paired", [False, True])
-def test_rotary_traces_to_elementwise_ops_only(paired, monkeypatch):
+@pytest.mark.parametrize("paired,key_offset", [(False, False), (True, False), (False, True)])
+def test_rotary_traces_to_elementwise_ops_only(paired, key_offset, monkeypatch):
     """The q/k path of the attention sublayer (the projection's output as q, k, v, QK-norm, rotary, the softmax
-    scale), as inductor receives it: in the forward no op that moves data, in the backward only the stacking of
-    (dq, dk, dv) into the projection's gradient (unbind's backward), and fewer nodes in all than the half-split
-    formula traces to (whose halves are sliced and concatenated again in both directions)."""
+    scale, the key offset), as inductor receives it: in the forward no op that moves data (with the key offset,
+    no concatenation: the shifted read is a slice and a pad, which inductor lowers to indexing), in the backward
+    only the stacking of (dq, dk, dv) into the projection's gradient (unbind's backward) for a concatenation, and
+    fewer nodes in all than the concatenating forms trace to (the half-split rotary slices and concatenates the
+    halves in both directions)."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
     T, H, D = 64, hp.num_heads, hp.head_dim
     dtype = torch.bfloat16
     cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, paired=paired)
     qscale = torch.tensor(0.12, dtype=dtype)
+    bos = torch.zeros(T, dtype=torch.bool)
+    bos[[0, 20]] = True
 
     def qk(qkv):
         q, k, v = qkv.view(T, 3, H, D).unbind(1)
-        return tg.rotary(tg.rms_norm(q), cos, sin) * qscale, tg.rotary(tg.rms_norm(k), cos, sin), v
+        k = tg.rotary(tg.rms_norm(k), cos, sin)
+        return tg.rotary(tg.rms_norm(q), cos, sin) * qscale, tg.offset_keys(k, bos) if key_offset else k, v
 
     qkv = torch.randn(T, 3 * H * D, dtype=dtype, requires_grad=True)
     ours = _traced_graphs(qk, (qkv,))
     moved = {g: {op: n for op, n in ops.items() if op in DATA_MOVEMENT} for g, ops in ours.items()}
-    assert moved == {"fw": {}, "bw": {"cat": 1}}, f"data movement in the q/k path's graphs: {moved}"
+    if key_offset:
+        assert "cat" not in moved["fw"] and moved["bw"].get("cat") == 1, f"concatenations in the graphs: {moved}"
+    else:
+        assert moved == {"fw": {}, "bw": {"cat": 1}}, f"data movement in the q/k path's graphs: {moved}"
     monkeypatch.setattr(tg, "rotary", half_split_rotary)
+    monkeypatch.setattr(tg, "offset_keys", concatenated_key_offset)
     split = _traced_graphs(qk, (qkv,))
     for g in ("fw", "bw"):
-        assert ours[g]["nodes"] < split[g]["nodes"], f"{g}: {ours[g]['nodes']} nodes, half-split {split[g]['nodes']}"
+        assert ours[g]["nodes"] < split[g]["nodes"], f"{g}: {ours[g]['nodes']} nodes, concatenating forms " \
+                                                     f"{split[g]['nodes']}"
 
 
 def test_mtp_weights_follow_the_record_schedule():
