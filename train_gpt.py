@@ -1140,8 +1140,7 @@ class ModelFns:
     loss alone)."""
     lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
     layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
-    loss: object  # the training head: (x, lm_head, targets, weights, head8=None) -> training loss (FP8 head where
-    # chosen, multiplying head8 = head_operands(lm_head))
+    loss: object  # the training head: (x, lm_head, targets, weights, head8=None) -> loss (head8: head_operands)
     train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights, head8=None) -> training loss
     val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
