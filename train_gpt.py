@@ -46,9 +46,10 @@ Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-pair
     leaves alone) from the previous token's key, so one layer can form induction heads.
   * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
   * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
-    e4m3 x and W, fixed scales; a CE kernel writes the e5m2 gradient, the forward's with --ce-grad-in-forward,
-    kernels.transpose its transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in
-    build_fns; the log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
+    e4m3 x and W, fixed scales, W's e4m3 copies made once per step; a CE kernel writes the e5m2 gradient, the
+    forward's with --ce-grad-in-forward, kernels.transpose its transpose for dW) where CUDA capability >= 8.9,
+    else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:` line says which ran).
+    Evaluation always uses the bf16 head.
   * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
 Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
 own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
@@ -149,9 +150,9 @@ from data.smoke_corpus import write_smoke_corpus
 from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
-from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_ce_grad_in_fwd,
-                                   fp8_head_support, head_ce_grad_in_fwd, softcapped_cross_entropy,
-                                   softcapped_cross_entropy_ref)
+from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
+                                   fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
+                                   softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
 from kernels.hardware import keep_freed_memory
 from kernels.mlp import relu2_mlp
@@ -593,15 +594,17 @@ def yarn_state(hp, long_window):
 
 
 def rotary_tables(hp, T, device, dtype, freq=None, paired=False):
-    """cos/sin (T, 1, D/2) of angle position * freq (default: rotary_freq). paired: (T, H, D/2), head h at
-    token t rotated as position 2t + h % 2 (the public record's paired-head tables: the two heads of a pair
-    are consecutive positions of the interleaved sequence)."""
+    """The tables rotary multiplies by, full width: cos (T, 1, D) = [c, c] and sin (T, 1, D) = [s, -s], with c and
+    s (T, 1, D/2) the cosine and sine of angle position * freq (default: rotary_freq), rounded to dtype. paired:
+    (T, H, D), head h at token t rotated as position 2t + h % 2 (the public record's paired-head tables: the two
+    heads of a pair are consecutive positions of the interleaved sequence)."""
     freq = (rotary_freq(hp) if freq is None else freq).to(device)
     pos = torch.arange(T, dtype=torch.float32, device=device)[:, None]
     if paired:
         pos = 2 * pos + (torch.arange(hp.num_heads, device=device) % 2)[None]
     theta = pos[..., None] * freq  # (T, 1 or H, D/2), one fp32 product per entry as torch.outer
-    return theta.cos().to(dtype), theta.sin().to(dtype)
+    c, s = theta.cos().to(dtype), theta.sin().to(dtype)
+    return torch.cat([c, c], -1), torch.cat([s, -s], -1)
 
 
 def bigram_hash(ids, rows, bos_id):
@@ -618,8 +621,24 @@ def bigram_hash(ids, rows, bos_id):
 
 
 def rotary(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+    """x (..., D) with each pair (x1, x2) = (x[i], x[i + D/2]) turned to (x1 c + x2 s, x2 c - x1 s), from rotary_tables'
+    full-width cos = [c, c] and sin = [s, -s]: x * cos + swap(x) * sin, swap exchanging the two halves of the last
+    dim. Elementwise, with the halves' exchange an index map (a flip of the (2, D/2) view): the compiled forward and
+    backward need no slices or concatenation, and each element is the same two products and one sum (-(x1 s) is
+    x1 (-s) exactly)."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * sin
+
+
+def offset_keys(k, bos):
+    """k (T, H, D) with k[t]'s position-free dims (the rotary pairs of zero frequency) taken from k[t-1], except at
+    t = 0 and where bos[t] ((T,) bool; the public record shifts across documents too): one layer can then form
+    induction heads. The previous token's key is read through a shift (F.pad of k[:-1]), not a concatenation:
+    elementwise in the compiled forward and backward."""
+    T, D = k.shape[0], k.shape[-1]
+    stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4
+    own = bos | (torch.arange(T, device=k.device) == 0)
+    return torch.where(stationary & ~own[:, None, None], F.pad(k[:-1], (0, 0, 0, 0, 1, 0)), k)
 
 
 def doc_ids(ids, bos_id):
@@ -774,13 +793,12 @@ def make_attn_sublayer(hp, attend):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
-        cos/sin: rotary tables (T, 1, D/2), or (T, H, D/2) when paired. qscale 0-d: the softmax scale,
+        cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
-        tensor, in tokens. key_offset: the keys'
-        position-free dims are taken from the previous token, except at the BOS positions (bos (T,) bool; the
-        record shifts across documents too)."""
+        tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
+        bos (T,) bool)."""
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
@@ -790,9 +808,8 @@ def make_attn_sublayer(hp, attend):
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
-        if key_offset:  # k[t] takes k[t-1]'s position-free dims (k[0] and a BOS keep their own): induction
-            stationary = torch.arange(D, device=k.device) % (D // 2) >= D // 4  # the pairs of zero frequency
-            k = torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+        if key_offset:
+            k = offset_keys(k, bos)
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.
@@ -873,22 +890,27 @@ def head_logits(x, lm_head, softcap):
     return softcap * torch.sigmoid((logits.float() + SOFTCAP_B) / SOFTCAP_C)
 
 
-def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False):
+def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False, head8=None):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
     softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with the row kernel and a transpose copy. grad_in_fwd (CUDA): the
-    head and the loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits'
-    gradient for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With
-    weights (1.0,): the mean next-token CE."""
+    whose backward writes the e5m2 gradient with the row kernel and a transpose copy, multiplying the normed x's
+    e4m3 copy (made here: in the compiled step, by the final norm's kernel) and head8 = fp8_head_weights(lm_head,
+    FP8_W_S) (required with fp8: the caller's, made once per optimizer step). grad_in_fwd (CUDA): the head and the
+    loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits' gradient for the
+    gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With weights (1.0,): the
+    mean next-token CE."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
+        if head8 is None:
+            raise ValueError("head_loss: the FP8 head multiplies head8 = fp8_head_weights(lm_head, FP8_W_S)")
+        x8 = fp8_e4m3(xn.detach(), FP8_X_S)
         if grad_in_fwd:
-            return fp8_head_ce_grad_in_fwd(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
-                                           1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
-        return fp8_head_ce(xn, lm_head, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS), softcap,
-                           SOFTCAP_B, SOFTCAP_C)[0].mean()
+            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S,
+                                           FP8_GRAD_S / (N * SLOTS), 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
+        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
+                           softcap, SOFTCAP_B, SOFTCAP_C)[0].mean()
     if grad_in_fwd:
         return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
@@ -970,9 +992,9 @@ class AttnTables(NamedTuple):
     """What attention needs besides the tokens, for micro-batches of T tokens at windows (short, long): tensors
     made once per (T, windows) on the host and passed to the compiled region as arguments, so that a stage
     change never recompiles it and no step copies anything from the host."""
-    cos: torch.Tensor  # (T, 1, D/2) rotary tables, YaRN-adjusted for the long window
+    cos: torch.Tensor  # (T, 1, D) rotary_tables, YaRN-adjusted for the long window
     sin: torch.Tensor
-    paired_cos: Optional[torch.Tensor]  # (T, H, D/2) for paired-head layers (None without them)
+    paired_cos: Optional[torch.Tensor]  # (T, H, D) for paired-head layers (None without them)
     paired_sin: Optional[torch.Tensor]
     qscale: torch.Tensor  # 0-d fp32 softmax scale (YaRN grows it with the long window)
     short: torch.Tensor  # 0-d int64 CPU tensor: the short window in tokens (read by doc_attention on the host)
@@ -1118,13 +1140,16 @@ class ModelFns:
     loss alone)."""
     lookup: object  # embedding lookup (kernels.embedding.embedding on CUDA, cpu_embedding on the CPU)
     layers: object  # layers(params, e, ves, big, ids, cu, tables) -> residual (T, C)
-    loss: object  # the training head: (x, lm_head, targets, weights) -> training loss (FP8 head where chosen)
-    train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights) -> training loss
+    loss: object  # the training head: (x, lm_head, targets, weights, head8=None) -> loss (head8: head_operands)
+    train_step: object  # (params, e, ves, big, ids, cu, targets, tables, mtp weights, head8=None) -> training loss
     val_step: object  # (params, e, ves, big, ids, cu, targets, tables) -> mean next-token CE, head in params' dtype
     head_path: str = ""  # which LM-head matmul the training loss uses, and why (logged)
     embed_accs: bool = False  # training lookups add into the optimizer's accumulators (hp.embed_grad_to_acc, CUDA)
     embed_path: str = ""  # where the embedding tables' gradients go (logged)
     mlp_path: str = ""  # which MLP sublayer runs, and why (logged)
+    # lm_head -> what the training head multiplies besides x: the FP8 head's e4m3 copies of the head
+    # (kernels.cross_entropy.Fp8Weights), made once per optimizer step by Trainer.train_step; None without it
+    head_operands: object = lambda lm_head: None
     compile_path: str = ""  # torch.compile's options beyond record #74's, if any (logged)
 
 
@@ -1158,14 +1183,17 @@ def build_fns(hp, device, compile_model, attention="auto"):
                                                              f"not {device.type} {hp.param_dtype})"))
     layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
 
-    def loss(x, w, t, wk):
-        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd)
+    def loss(x, w, t, wk, head8=None):
+        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)
+
+    def head_operands(lm_head):
+        return fp8_head_weights(lm_head, FP8_W_S) if fp8 else None
 
     def val_loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, False)
 
-    def train_step(params, e, ves, big, ids, cu, targets, tables, wk):
-        return loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, wk)
+    def train_step(params, e, ves, big, ids, cu, targets, tables, wk, head8=None):
+        return loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, wk, head8)
 
     def val_step(params, e, ves, big, ids, cu, targets, tables):
         one = torch.ones(1, dtype=torch.float32, device=ids.device)
@@ -1186,7 +1214,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
                   "dense gradient, folded into the optimizer's fp32 accumulators ("
                   + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path,
-                    mlp_path=mlp_path, compile_path=compile_path)
+                    mlp_path=mlp_path, head_operands=head_operands, compile_path=compile_path)
 
 
 class ModelInputs(NamedTuple):
@@ -1216,14 +1244,16 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
     return ModelInputs(region, e, ves, big, ids, cu, tables)
 
 
-def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None):
+def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None, head8=None):
     """Loss of one micro-batch (a 0-d fp32 tensor). train: the training loss (train_step: the mean over rows of
-    the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen), or
-    the validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
+    the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen, with
+    head8 = fns.head_operands(params["lm_head"]) of the current head, or None to make it in the call), or the
+    validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
     x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
         assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
-        return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp)
+        head8 = fns.head_operands(params["lm_head"]) if head8 is None else head8
+        return fns.train_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables, mtp, head8)
     return fns.val_step(x.params, x.e, x.ves, x.big, x.ids, x.cu, batch.targets, x.tables)
 
 
@@ -1897,13 +1927,14 @@ class Trainer:
         total = None
         slow = slow_adam_step(hp, step)
         mbs = self.loader.next()
+        head8 = self.fns.head_operands(self.params["lm_head"])  # the head changes only in opt.step, below
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
                 self.opt.before_last_backward(slow)
             # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
             accs = self.opt.embedding_accs() if self.fns.embed_accs else None
             loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
-                           accs=accs)
+                           accs=accs, head8=head8)
             loss = loss / SLOTS
             loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
             if want_loss:

@@ -6,6 +6,7 @@
 - ``kernels.embedding``: deterministic embedding backward (a dense gradient, or added into an fp32 accumulator)
   and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
+- ``kernels.accumulate``: ``accumulate_``, a gradient added into its fp32 accumulator (acc += fp32(grad)).
 - ``kernels.mlp``: the MLP's up-projection with ReLU² in the matmul's epilogue (forward and backward).
 - ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by ``run_log.py``

@@ -96,12 +96,16 @@ per clock per SM, 132 SMs at 1.98 GHz: 4.2e12 per second):
 notes/measurements.md has the kernels' measured times.
 
 FP8 head (:func:`fp8_head_ce`, custom ops ``speedrun::fp8_head_ce`` / ``speedrun::fp8_head_ce_bwd``): the
-training LM head x (N, C) @ W (C, V) and this loss in one op. The forward casts x / x_s and W / w_s to e4m3
-(scales FP8_X_S, FP8_W_S) and multiplies them with ``torch._scaled_mm`` (fp32 accumulation, logits in x's
-dtype), then runs the forward kernel; the backward runs the e5m2 backward above with the caller's gradient
-scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logits' dtype. The two e4m3 operands
-torch._scaled_mm wants in the other layout (w8^T in the forward, x8^T in the backward) are copied by
-kernels.transpose.transpose_copy. It needs a CUDA GPU of capability >= 8.9 (:func:`fp8_head_support`).
+training LM head x (N, C) @ W (C, V) and this loss in one op. The forward multiplies the e4m3 copies x8 = x / x_s
+and w8 = W / w_s (scales FP8_X_S, FP8_W_S; :func:`fp8_e4m3`) with ``torch._scaled_mm`` (fp32 accumulation, logits
+in x's dtype), then runs the forward kernel; the backward runs the e5m2 backward above with the caller's gradient
+scale and two more FP8 matmuls, dx = g8 @ w8^T and dW = x8^T @ g8t, in the logits' dtype. The e4m3 copies are the
+caller's, inputs of the ops beside x and W (whose values the ops do not read: they are there for their
+gradients). W changes only at an optimizer step: :func:`fp8_head_weights` makes w8 (C, V) and the transposed copy
+w8t (V, C) that torch._scaled_mm wants in the forward, once per step. x changes every call: the caller computes x8
+where it computes x (train_gpt.py: inside the compiled step, where inductor writes it from the final norm's kernel).
+x8^T, which the backward wants, is copied by kernels.transpose.transpose_copy, as w8t is. It needs a CUDA GPU of
+capability >= 8.9 (:func:`fp8_head_support`).
 
 Gradient in the forward (:func:`softcapped_cross_entropy_fwd_grad` and ``_e5m2``, one kernel; the heads
 :func:`head_ce_grad_in_fwd` and :func:`fp8_head_ce_grad_in_fwd`). The loss is the last operation of a training
@@ -145,7 +149,7 @@ Triton interpreter is several times slower than the reference at real vocabulary
 :func:`softcapped_cross_entropy_ref`, which is differentiable by autograd.
 """
 import math
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 import torch
 import triton
@@ -924,36 +928,77 @@ def softcapped_cross_entropy(logits, targets, weights, A, B, C):
 # ---------------------------------------------------------------------------------------------------------
 # The FP8 LM head and its loss (custom ops, traceable by torch.compile)
 # ---------------------------------------------------------------------------------------------------------
+def round_to_bf16(v):
+    """fp32 v rounded to the nearest bf16 value (ties to even), as fp32, by integer arithmetic on its bits (a NaN is
+    returned as it is). Unlike ``v.to(torch.bfloat16)``, this rounding happens where it is written inside a compiled
+    region too: inductor computes a fused chain of bf16 operations in fp32 and rounds only what it stores."""
+    bits = v.view(torch.int32)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000  # add half an ulp (less at a tie to an even ulp), cut
+    return torch.where(v.isnan(), v, bits.view(torch.float32))  # a NaN's payload could carry into its sign
+
+
+def fp8_e4m3(t, scale):
+    """The FP8 head's e4m3 copy of t / scale as eager PyTorch computes it: the quotient in t's dtype (computed in
+    fp32, rounded to t's dtype), then cast (round to nearest, ties to even). Traced by torch.compile with bf16 t, the
+    two bf16 roundings are written out (round_to_bf16): there t may be an fp32 value inductor never rounded (a norm's
+    output inside the norm's own kernel), and the copy still has the bits eager gives for the stored t. (A scalar
+    divisor: CUDA and inductor multiply by its fp32 reciprocal, the CPU divides: the same in eager and compiled code
+    on each.) fp16 t traced: the plain expression, whose roundings inductor may skip."""
+    if t.dtype == torch.bfloat16 and torch.compiler.is_compiling():
+        return round_to_bf16(round_to_bf16(t.float()) / scale).to(torch.float8_e4m3fn)
+    return (t / scale).to(torch.float8_e4m3fn)
+
+
+class Fp8Weights(NamedTuple):
+    """The FP8 head's weight operands, :func:`fp8_head_weights` of the head W (C, V): contiguous e4m3 tensors."""
+    w8: torch.Tensor  # (C, V) fp8_e4m3(W, w_s): the backward's dx = g8 @ w8^T reads it (as w8.T, column-major)
+    w8t: torch.Tensor  # (V, C) w8's transpose, the same bytes: the forward's logits = x8 @ w8 read it (as w8t.T)
+
+
+def fp8_head_weights(w, w_s):
+    """The e4m3 operands of the head w (C, V) at scale w_s, for :func:`fp8_head_ce` and
+    :func:`fp8_head_ce_grad_in_fwd`: made once per value of w (train_gpt.py: once per optimizer step) rather than in
+    every call. Not differentiable (the ops give w its gradient)."""
+    w8 = fp8_e4m3(w.detach(), w_s)
+    return Fp8Weights(w8, _transposed(w8))
+
+
+def _check_fp8_operands(x, w, x8, w8, w8t):
+    """x8 must be fp8_e4m3(x, x_s)'s layout, w8 and w8t fp8_head_weights' for w (C, V): a shape or dtype mistake
+    fails here, not in a matmul. (Their values are not checked: that would read them.)"""
+    C, V = w.shape
+    for name, t, shape, maker in (("x8", x8, tuple(x.shape), "fp8_e4m3 of x"), ("w8", w8, (C, V), "fp8_head_weights"),
+                                  ("w8t", w8t, (V, C), "fp8_head_weights")):
+        if t.dtype != torch.float8_e4m3fn or tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"fp8 head: {name} must be a contiguous float8_e4m3fn {shape} tensor ({maker}), got "
+                             f"{t.dtype} {tuple(t.shape)}")
+
+
 @torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
-def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, x_s: float,
-                w_s: float, grad_s: float, A: float, B: float,
-                C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
+                targets: torch.Tensor, weights: torch.Tensor, x_s: float, w_s: float, grad_s: float, A: float,
+                B: float, C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
     multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
-    accumulation, logits in x's dtype). Also returns what the backward reads: the logits, the CE stats and the
-    e4m3 operands. torch._scaled_mm wants its second operand column-major: w8's transpose, copied by
-    kernels.transpose (_transposed)."""
-    logits, x8, w8 = _fp8_logits(x, w, x_s, w_s)
+    accumulation, logits in x's dtype). x8 = fp8_e4m3(x, x_s) and w8, w8t = fp8_head_weights(w, w_s) are what the
+    op multiplies (x and w are not read; they take the gradients). Also returns what the backward reads: the
+    logits and the CE stats."""
+    _check_fp8_operands(x, w, x8, w8, w8t)
+    logits = _fp8_logits(x8, w8t, x_s, w_s, x.dtype)
     losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
-    return losses, logits, stats, x8, w8
+    return losses, logits, stats
 
 
-def _fp8_logits(x, w, x_s, w_s):
-    """(logits, x8, w8): the e4m3 copies x8 = x / x_s, w8 = w / w_s and logits = x8 @ w8 x_s w_s in x's dtype
-    (torch._scaled_mm, fast accumulation), w8's column-major layout copied by kernels.transpose."""
-    x8 = (x / x_s).to(torch.float8_e4m3fn)
-    w8 = (w / w_s).to(torch.float8_e4m3fn)
-    one = torch.ones((), dtype=torch.float32, device=x.device)  # a fill, not a host-to-device copy
-    logits = torch._scaled_mm(x8, _transposed(w8).T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=x.dtype,
-                              use_fast_accum=True)
-    return logits, x8, w8
+def _fp8_logits(x8, w8t, x_s, w_s, dtype):
+    """logits = x8 @ w8 x_s w_s in ``dtype`` (torch._scaled_mm, fast accumulation), w8 read column-major as w8t.T."""
+    one = torch.ones((), dtype=torch.float32, device=x8.device)  # a fill, not a host-to-device copy
+    return torch._scaled_mm(x8, w8t.T, scale_a=one * x_s, scale_b=one * w_s, out_dtype=dtype, use_fast_accum=True)
 
 
 @fp8_head_ce.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, A, B, C):
+def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
     N, V = x.shape[0], w.shape[1]
-    return (x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32),
-            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+    return x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32)
 
 
 @torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
@@ -991,15 +1036,15 @@ def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
 
 
 def _fp8_head_ce_setup(ctx, inputs, output):
-    _, _, targets, weights, *ctx.consts = inputs
-    _, logits, stats, x8, w8 = output
+    _, _, x8, w8, _, targets, weights, *ctx.consts = inputs
+    _, logits, stats = output
     ctx.save_for_backward(logits, stats, targets, weights, x8, w8)
-    ctx.mark_non_differentiable(logits, stats, x8, w8)
+    ctx.mark_non_differentiable(logits, stats)
 
 
 def _fp8_head_ce_backward(ctx, grad_losses, *_):
     dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 8          # targets, weights, x_s, w_s, grad_s, A, B, C
+    return (dx, dw) + (None,) * 11         # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C
 
 
 fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
@@ -1056,25 +1101,25 @@ head_ce_grad_in_fwd.register_autograd(_head_ce_grad_in_fwd_backward, setup_conte
 
 
 @torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd", mutates_args=())
-def fp8_head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
-                            x_s: float, w_s: float, grad_s: float, grad_scale: float, A: float, B: float,
-                            C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`fp8_head_ce`'s head (e4m3 copies, FP8 logits in x's dtype) and the mean over rows of its loss, with
-    the gradient written in the forward: (loss, g8, x8, w8), loss 0-d fp32, g8 (N, V) e5m2 the gradient of
+def fp8_head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
+                            targets: torch.Tensor, weights: torch.Tensor, x_s: float, w_s: float, grad_s: float,
+                            grad_scale: float, A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fp8_head_ce`'s head (the caller's e4m3 copies, FP8 logits in x's dtype) and the mean over rows of its
+    loss, with the gradient written in the forward: (loss, g8), loss 0-d fp32, g8 (N, V) e5m2 the gradient of
     grad_scale * loss in the logits divided by grad_s (one kernel, :func:`softcapped_cross_entropy_fwd_grad_e5m2`;
-    the logits are freed when this returns), x8 and w8 the e4m3 operands the backward multiplies."""
+    the logits are freed when this returns). The backward multiplies g8 by x8 and w8."""
     _check_grad_scale(grad_scale)
-    logits, x8, w8 = _fp8_logits(x, w, x_s, w_s)
+    _check_fp8_operands(x, w, x8, w8, w8t)
+    logits = _fp8_logits(x8, w8t, x_s, w_s, x.dtype)
     N = logits.shape[0]
     losses, g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, targets, weights, A, B, C, grad_scale / max(N, 1),
                                                         grad_s)
-    return losses.mean(), g8, x8, w8
+    return losses.mean(), g8
 
 
 @fp8_head_ce_grad_in_fwd.register_fake
-def _(x, w, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C):
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], w.shape[1], dtype=torch.float8_e5m2),
-            x.new_empty(x.shape, dtype=torch.float8_e4m3fn), w.new_empty(w.shape, dtype=torch.float8_e4m3fn))
+def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C):
+    return x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], w.shape[1], dtype=torch.float8_e5m2)
 
 
 @torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd_bwd", mutates_args=())
@@ -1095,16 +1140,15 @@ def _(grad, g8, x8, w8, x_s, w_s, grad_s, grad_scale, dtype):
 
 
 def _fp8_head_ce_grad_in_fwd_setup(ctx, inputs, output):
-    x, _, _, _, x_s, w_s, grad_s, grad_scale, *_ = inputs
-    _, g8, x8, w8 = output
-    ctx.save_for_backward(g8, x8, w8)
+    x, _, x8, w8, _, _, _, x_s, w_s, grad_s, grad_scale, *_ = inputs
+    ctx.save_for_backward(output[1], x8, w8)
     ctx.consts = (x_s, w_s, grad_s, grad_scale, x.dtype)
-    ctx.mark_non_differentiable(g8, x8, w8)
+    ctx.mark_non_differentiable(output[1])
 
 
 def _fp8_head_ce_grad_in_fwd_backward(ctx, grad_loss, *_):
     dx, dw = fp8_head_ce_grad_in_fwd_bwd(grad_loss, *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 9          # targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C
+    return (dx, dw) + (None,) * 12         # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C
 
 
 fp8_head_ce_grad_in_fwd.register_autograd(_fp8_head_ce_grad_in_fwd_backward,

@@ -11,7 +11,7 @@ from benchmarks import families
 from benchmarks.__main__ import main
 from tests.conftest import HAS_CUDA
 
-KERNEL_FAMILIES = {"adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"}
+KERNEL_FAMILIES = {"accumulate", "adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"}
 
 
 def test_driver_finds_every_family():

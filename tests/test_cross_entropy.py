@@ -21,6 +21,8 @@ two-kernel path bit for bit when both use one tile and warp count. The heads bui
 ``fp8_head_ce_grad_in_fwd``) return the mean loss and scale the gradient their forward wrote by the incoming
 gradient over grad_scale: checked for an incoming gradient equal to grad_scale, a power of two times it, and 0.3.
 """
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,8 @@ import triton
 import triton.language as tl
 
 from kernels.cross_entropy import (DEFAULT_CONFIG, FP8_GRAD_S, FP8_W_S, FP8_X_S, FWD_GRAD_CONFIG, _hw_fp8, _to_e5m2,
-                                   fp8_head_ce, fp8_head_ce_bwd, fp8_head_ce_grad_in_fwd, head_ce_grad_in_fwd,
+                                   fp8_e4m3, fp8_head_ce, fp8_head_ce_bwd, fp8_head_ce_grad_in_fwd,
+                                   fp8_head_weights, head_ce_grad_in_fwd, round_to_bf16,
                                    softcapped_cross_entropy, softcapped_cross_entropy_bwd,
                                    softcapped_cross_entropy_bwd_e5m2, softcapped_cross_entropy_fwd,
                                    softcapped_cross_entropy_fwd_grad, softcapped_cross_entropy_fwd_grad_e5m2,
@@ -808,8 +811,9 @@ def test_head_ce_grad_in_fwd(device):
 
 
 def test_fp8_head_ce_grad_in_fwd(device):
-    """fp8_head_ce_grad_in_fwd on the test device (on the CPU torch's _scaled_mm and the interpreter): e4m3 operands
-    and loss those of fp8_head_ce (the mean of its losses: the same logits, the same forward sums), g8 the fused e5m2
+    """fp8_head_ce_grad_in_fwd on the test device (on the CPU torch's _scaled_mm and the interpreter): the loss that
+    of fp8_head_ce on the same e4m3 operands (the mean of its losses: the same logits, the same forward sums), g8 the
+    fused e5m2
     launcher's on fp8_head_ce's logits for row_grad = GRAD_SCALE / N, and dx, dw the two FP8 matmuls restated from g8
     with the gradient scale grad_s * G / GRAD_SCALE, bit for bit, for G = GRAD_SCALE and G = 0.3 (a backward that
     ignored G fails the latter); with G = GRAD_SCALE, as fp8_head_ce's backward, which rounds the gradient for the
@@ -819,10 +823,10 @@ def test_fp8_head_ce_grad_in_fwd(device):
     x, w, t, wk = _head_case(device, dtype=torch.bfloat16, w_std=0.05)
     N = x.shape[0]
     grad_s = FP8_GRAD_S / (N * 8)
-    loss, g8, x8, w8 = fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)
-    losses, logits, stats, x8_old, w8_old = fp8_head_ce(x, w, t, wk, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)
-    assert torch.equal(x8.view(torch.uint8), x8_old.view(torch.uint8))
-    assert torch.equal(w8.view(torch.uint8), w8_old.view(torch.uint8))
+    x8, w8s = fp8_e4m3(x.detach(), FP8_X_S), fp8_head_weights(w, FP8_W_S)
+    loss, g8 = fp8_head_ce_grad_in_fwd(x, w, x8, *w8s, t, wk, FP8_X_S, FP8_W_S, grad_s, GRAD_SCALE, *SOFTCAP)
+    losses, logits, stats = fp8_head_ce(x, w, x8, *w8s, t, wk, FP8_X_S, FP8_W_S, grad_s, *SOFTCAP)
+    w8 = w8s.w8
     assert loss.shape == () and torch.equal(loss, losses.mean())
     _, want_g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, t, wk, *SOFTCAP, GRAD_SCALE / N, grad_s)
     assert torch.equal(g8.view(torch.uint8), want_g8.view(torch.uint8))
@@ -854,19 +858,93 @@ def test_fp8_head_ce_grad_in_fwd(device):
             assert_close_report(got.double(), e64, atol=bound, name=f"fp8 head {name} ({which})")
 
 
+def test_round_to_bf16_is_round_to_nearest_even():
+    """round_to_bf16 against torch's fp32 -> bf16 cast (round to nearest, ties to even) on fp32 bit patterns that
+    cover every case: random ones of both signs and all exponents, the exact ties (low half 0x8000) with an even and
+    an odd bf16 mantissa, the values just around them, carries into the exponent and past the largest finite
+    value (inf), subnormals, zeros, infinities; NaN stays NaN (whatever its payload)."""
+    g = torch.Generator().manual_seed(11)
+    bits = torch.randint(-2 ** 31, 2 ** 31, (20000,), generator=g, dtype=torch.int64)
+    high = bits & ~0xFFFF
+    special = torch.tensor([0, 1, 0x7FFF, 0x8000, 0x18000, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x3F80FFFF,
+                            0x3F818000, 0x3F808000, 0x007FFFFF, 0x7F800000, 0x7FC00000, 0x7FFFFFFF, 0x7F808000],
+                           dtype=torch.int64)
+    bits = torch.cat([bits, high | 0x8000, high | 0x7FFF, high | 0x8001, special, special | -2 ** 31])
+    v = bits.to(torch.int32).view(torch.float32)
+    finite = v.isfinite() | v.isinf()
+    got, want = round_to_bf16(v), v.to(torch.bfloat16).float()
+    assert torch.equal(got[finite].view(torch.int32), want[finite].view(torch.int32)), \
+        f"{(got[finite].view(torch.int32) != want[finite].view(torch.int32)).sum()} of {int(finite.sum())} differ"
+    assert got[~finite].isnan().all() and (~finite).sum() > 0
+
+
+def _quantise_after_norm(x):
+    """The FP8 head's input path: the final norm, then x's e4m3 copy (as train_gpt.head_loss makes it)."""
+    xn = F.rms_norm(x, (x.shape[-1],))
+    return xn, fp8_e4m3(xn.detach(), FP8_X_S)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fp8_e4m3_compiled_has_the_bits_of_eager_on_the_stored_input(backend):
+    """fp8_e4m3 of a bf16 norm's output inside a compiled region: the bits that eager's fp8_e4m3 gives for the
+    norm's output as the region returns it (stored, rounded to bf16). aot_eager runs the traced form op by op; CPU
+    inductor fuses the norm and the copy into one kernel, which keeps the norm's output and the quotient in fp32
+    unless the roundings are written out (the GPU's Triton kernels do the same: a fused consumer reads the value
+    the producer computed, not the one it stored). Needs a C++ compiler for inductor."""
+    if backend == "inductor" and not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("inductor's CPU backend needs a C++ compiler")
+    g = torch.Generator().manual_seed(12)
+    x = (3 * torch.randn(2048, 96, generator=g) - 0.5).bfloat16()
+    torch._dynamo.reset()
+    try:
+        xn, x8 = torch.compile(_quantise_after_norm, backend=backend, fullgraph=True, dynamic=False)(x)
+    finally:
+        torch._dynamo.reset()
+    want = (xn / FP8_X_S).to(torch.float8_e4m3fn)  # eager: the quotient rounded to bf16, then the cast
+    differ = (x8.view(torch.uint8) != want.view(torch.uint8)).sum().item()
+    assert differ == 0, f"{differ} of {x8.numel()} e4m3 values differ from eager's on the stored norm output"
+
+
+@pytest.mark.parametrize("C,V", [(32, 208), (48, 123)])
+def test_fp8_head_weights_are_the_per_call_e4m3_copies(C, V, device):
+    """fp8_head_weights: w8 is torch's cast of w / w_s to e4m3 (the division rounded to w's dtype first), w8t its
+    transpose, both contiguous, the same bytes (V = 123: the transpose's tail tiles); not differentiable. The FP8
+    heads reject operands (x8 too) in another shape, layout or dtype before any matmul."""
+    g = torch.Generator().manual_seed(8)
+    w = (torch.randn(C, V, generator=g) * 0.05 - 0.01).to(device, torch.bfloat16).requires_grad_()
+    w8, w8t = fp8_head_weights(w, FP8_W_S)
+    want = (w.detach() / FP8_W_S).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert w8.shape == (C, V) and w8t.shape == (V, C) and w8.is_contiguous() and w8t.is_contiguous()
+    assert w8.dtype == w8t.dtype == torch.float8_e4m3fn and not w8.requires_grad
+    assert torch.equal(w8.view(torch.uint8), want) and torch.equal(w8t.view(torch.uint8), want.T)
+    assert (want != 0).float().mean() > 0.9, "the copies should be mostly nonzero for this test to mean anything"
+    x, _, t, wk = _head_case(device, N=16, C=C, V=V, dtype=torch.bfloat16)
+    x8 = fp8_e4m3(x.detach(), FP8_X_S)
+    for bad, maker in (((x8, w8t, w8), "fp8_head_weights"),  # swapped
+                       ((x8, w8, w8.T), "fp8_head_weights"),  # w8t a strided view
+                       ((x8, w.detach(), w8t), "fp8_head_weights"),  # w8 not float8
+                       ((x8[:8], w8, w8t), "fp8_e4m3 of x"), ((x.detach(), w8, w8t), "fp8_e4m3 of x")):
+        with pytest.raises(ValueError, match=maker):
+            fp8_head_ce(x, w, *bad, t, wk, FP8_X_S, FP8_W_S, 1e-3, *SOFTCAP)
+        with pytest.raises(ValueError, match=maker):
+            fp8_head_ce_grad_in_fwd(x, w, *bad, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
+
+
 def test_heads_custom_op_opcheck(device):
     """Schema, fake implementation and autograd registration of the heads' custom ops (the FP8 ones without
-    opcheck's AOT test, which sums their float8 outputs, and the backward's schema test, which multiplies its float8
+    opcheck's AOT test, which sums their float8 outputs, and without its schema test, which multiplies their float8
     inputs: the CPU has neither operation in float8)."""
     x, w, t, wk = _head_case(device, N=16, C=16, V=48)
     torch.library.opcheck(torch.ops.speedrun.head_ce_grad_in_fwd.default, (x, w, t, wk, GRAD_SCALE, *SOFTCAP))
     if not _scaled_mm_works(device):
         return
     xb, wb = x.detach().bfloat16().requires_grad_(), (w.detach() * 0.1).bfloat16().requires_grad_()
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    args = (xb, wb, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
+    utils = ("test_autograd_registration", "test_faketensor")
+    x8, w8s = fp8_e4m3(xb.detach(), FP8_X_S), fp8_head_weights(wb, FP8_W_S)
+    args = (xb, wb, x8, *w8s, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)
     torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd.default, args, test_utils=utils)
-    _, g8, x8, w8 = fp8_head_ce_grad_in_fwd(*args)
+    _, g8 = fp8_head_ce_grad_in_fwd(*args)
+    w8 = w8s.w8
     torch.library.opcheck(torch.ops.speedrun.fp8_head_ce_grad_in_fwd_bwd.default,
                           (torch.tensor(0.3, device=device), g8, x8, w8, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
                            torch.bfloat16), test_utils=("test_faketensor",))    # its float8 inputs: no schema test
@@ -875,13 +953,15 @@ def test_heads_custom_op_opcheck(device):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_heads_compile_fullgraph_cpu_backends(backend, device):
     """torch.compile(fullgraph=True) around both heads (the trainer divides the loss by 8 afterwards): loss and
-    gradients those of the eager ops, bit for bit."""
+    gradients those of the eager ops, bit for bit. The FP8 head's x8 is made inside (fp8_e4m3, traced: the bf16
+    roundings written out) from x * 1.1, a product eager rounds to bf16."""
     x, w, t, wk = _head_case(device)
     heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
     if _scaled_mm_works(device):
         x8in = (x.detach().bfloat16(), (w.detach() * 0.1).bfloat16())
-        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x, w, t, wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE,
-                                                          *SOFTCAP)[0])
+        w8s = fp8_head_weights(x8in[1], FP8_W_S)
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.1, w, fp8_e4m3((x * 1.1).detach(), FP8_X_S), *w8s, t,
+                                                          wk, FP8_X_S, FP8_W_S, 1e-3, GRAD_SCALE, *SOFTCAP)[0])
     for i, head in enumerate(heads):
         a, b = (x.detach(), w.detach()) if i == 0 else x8in
         torch._dynamo.reset()
@@ -1199,12 +1279,15 @@ def test_fwd_grad_e5m2_past_2_31_gpu(device):
 @gpu_only
 def test_heads_compile_fullgraph_inductor(device):
     """Both heads under torch.compile(fullgraph=True) with inductor at the speedrun's head shape: loss and gradients
-    those of the eager ops, bit for bit."""
+    those of the eager ops, bit for bit. The FP8 head's x8 is made inside from x * 1.1, which inductor fuses into
+    one kernel (the product unrounded in fp32 there; fp8_e4m3 rounds it as eager does)."""
     x, w, t, wk = _head_case(device, N=1024, C=768, V=50304, dtype=torch.bfloat16, w_std=0.04)
     heads = [lambda x, w: head_ce_grad_in_fwd(x * 1.0, w, t, wk, GRAD_SCALE, *SOFTCAP)[0]]
     if torch.cuda.get_device_capability() >= (8, 9):
-        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.0, w, t, wk, FP8_X_S, FP8_W_S, FP8_GRAD_S / 8192,
-                                                          GRAD_SCALE, *SOFTCAP)[0])
+        w8s = fp8_head_weights(w, FP8_W_S)
+        heads.append(lambda x, w: fp8_head_ce_grad_in_fwd(x * 1.1, w, fp8_e4m3((x * 1.1).detach(), FP8_X_S), *w8s, t,
+                                                          wk, FP8_X_S, FP8_W_S, FP8_GRAD_S / 8192, GRAD_SCALE,
+                                                          *SOFTCAP)[0])
     for head in heads:
         torch._dynamo.reset()
         runs = []

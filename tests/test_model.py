@@ -6,6 +6,7 @@ feature on against a float64 reference model, and a short check that every --no-
 CPU: fp32 and float64, dense attention, the cross-entropy reference. GPU only (skipped without CUDA): the FP8
 head against bf16, and the compiled head with the Triton cross-entropy kernel against the reference.
 """
+import collections
 import dataclasses
 import math
 
@@ -163,7 +164,8 @@ def test_final_validation_widens_the_window_without_rescaling():
     tables = tg.attn_tables(hp, T, windows, {}, torch.device("cpu"), yarn_long=yarn_long)
     f13, s13 = spec_yarn(spec_freq(hp.head_dim), 0.1, [128 * x for x in (3, 7, 11, 13)])
     ang = torch.arange(T, dtype=torch.float64)[:, None, None] * f13.float().double()
-    assert_close_report(tables.cos.double(), ang.cos(), atol=2 ** -8, name="final cos: the 13-block YaRN")
+    assert_close_report(tables.cos.double(), torch.cat([ang.cos(), ang.cos()], -1), atol=2 ** -8,
+                        name="final cos: the 13-block YaRN")
     assert tables.qscale.item() == pytest.approx(s13, rel=1e-6)
     assert (int(tables.short), int(tables.long)) == (6 * 128, 20 * 128)
     rescaled = tg.attn_tables(hp, T, windows, {}, torch.device("cpu"))  # what widening with YaRN would give
@@ -173,18 +175,161 @@ def test_final_validation_widens_the_window_without_rescaling():
 
 
 def test_rotary_tables_plain_and_paired():
+    """Full width: cos = [c, c] and sin = [s, -s] over the D dims, c and s of the pairs' angles."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
     T, H = 8, 4
     freq, _ = spec_yarn(spec_freq(16), 1.0, [128, 256])
     cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), torch.float64, freq.float())
     ang = torch.arange(T, dtype=torch.float64)[:, None, None] * freq.float().double()
-    assert cos.shape == (T, 1, 8)
-    assert_close_report(cos, ang.cos(), atol=1e-6, name="cos")
+    assert cos.shape == sin.shape == (T, 1, 16)
+    assert_close_report(cos, torch.cat([ang.cos(), ang.cos()], -1), atol=1e-6, name="cos")
+    assert_close_report(sin, torch.cat([ang.sin(), -ang.sin()], -1), atol=1e-6, name="sin")
     cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), torch.float64, freq.float(), paired=True)
-    assert cos.shape == (T, H, 8)
+    assert cos.shape == sin.shape == (T, H, 16)
     for h in range(H):  # head h of token t: position 2t + h % 2
         ang = (2 * torch.arange(T, dtype=torch.float64) + h % 2)[:, None] * freq.float().double()
-        assert_close_report(sin[:, h], ang.sin(), atol=1e-6, name=f"paired sin head {h}")
+        assert_close_report(cos[:, h], torch.cat([ang.cos(), ang.cos()], -1), atol=1e-6, name=f"paired cos head {h}")
+        assert_close_report(sin[:, h], torch.cat([ang.sin(), -ang.sin()], -1), atol=1e-6, name=f"paired sin head {h}")
+
+
+def half_split_rotary(x, cos, sin):
+    """The rotation of pairs (x[i], x[i + D/2]) as two halves concatenated, from the half-width tables c = cos[:D/2]
+    and s = sin[:D/2]: [x1 c + x2 s, x2 c - x1 s]."""
+    D = x.shape[-1]
+    c, s = cos[..., :D // 2], sin[..., :D // 2]
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat([x1 * c + x2 * s, x2 * c - x1 * s], -1)
+
+
+def concatenated_key_offset(k, bos):
+    """The key offset with the previous token's key as a concatenation [k[0], k[:-1]] (k[0] keeps its own)."""
+    D = k.shape[-1]
+    stationary = torch.arange(D) % (D // 2) >= D // 4
+    return torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
+
+
+def _sublayer_grads(hp, fn, dtype, paired, key_offset, T=128, window=48):
+    """The attention sublayer fn (dense attention) on _sublayer_inputs in dtype: [out, d of every input]."""
+    inp = _sublayer_inputs(hp, T, seed=5)
+    freq, scale = tg.yarn_state(hp, 2)
+    cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, freq, paired=paired)
+    docs = tg.doc_ids(inp["ids"], hp.bos_id)
+    seq = tg.DocSeq(None, docs.repeat_interleave(2) if paired else docs, None)
+    leaves = [t.to(dtype).requires_grad_() for t in (inp["x"], *inp["W"], inp["lam"], inp["ag"], inp["ve"], inp["vg"])]
+    bos = inp["ids"] == hp.bos_id
+    bos[0] = False  # a sequence that starts inside a document: the key offset's rule for position 0 is seen
+    out = fn(*leaves, cos, sin, torch.tensor(scale, dtype=dtype), seq, torch.tensor(window), paired=paired,
+             key_offset=key_offset, bos=bos)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(dtype)
+    return [out, *torch.autograd.grad(out, leaves, dy)]
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _dense_attend_contiguous_grads(q, k, v, seq, window, scale):
+    """dense_attend, with the gradients of q, k, v handed back contiguous, as FlashAttention's backward gives them
+    (SDPA's CPU backward leaves them in a permuted layout, which elementwise ops keep; the CPU's rms_norm backward
+    then sums in another order, which would hide what this file compares)."""
+    return tg.dense_attend(*(_ContiguousGrad.apply(t) for t in (q, k, v)), seq, window, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paired,key_offset", [(False, False), (False, True), (True, False)])
+def test_rotary_and_key_offset_are_the_concatenating_forms_bit_for_bit(dtype, paired, key_offset, monkeypatch):
+    """rotary's full-width form computes, per element, the products and the sum of the half-split formula, and
+    offset_keys selects the values the concatenation [k[0], k[:-1]] does (its gradient sums the same terms): the
+    attention sublayer's output and every gradient are the same bits with either (eager, CPU; in bf16 every
+    product and sum is rounded as the half-split formula rounds it)."""
+    hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
+    fn = tg.make_attn_sublayer(hp, _dense_attend_contiguous_grads)
+    got = _sublayer_grads(hp, fn, dtype, paired, key_offset)
+    monkeypatch.setattr(tg, "rotary", half_split_rotary)
+    monkeypatch.setattr(tg, "offset_keys", concatenated_key_offset)
+    want = _sublayer_grads(hp, fn, dtype, paired, key_offset)
+    names = ["out", "dx", "dWq", "dWk", "dWv", "dWo", "dlam", "dgate", "dve", "dvegate"]
+    for name, a, b in zip(names, got, want, strict=True):
+        assert torch.equal(a, b), f"{name} differs from the concatenating forms ({dtype}, paired={paired}, " \
+                                  f"key_offset={key_offset}): max |diff| {(a.double() - b.double()).abs().max():.3g}"
+
+
+# Ops that move or gather data rather than compute (each one a copy, a concatenation or a masked load in the
+# compiled code): the q/k path's forward and backward graphs should hold none of them but unbind's stacking.
+DATA_MOVEMENT = {"cat", "stack", "split", "split_with_sizes", "chunk", "slice", "slice_scatter", "select_scatter",
+                 "index", "gather", "constant_pad_nd", "copy", "clone"}
+
+
+def _traced_graphs(fn, args):
+    """The forward and backward graphs inductor would be given for fn(*args) (dynamo, AOT autograd with inductor's
+    decompositions and its partitioner), as {name: {op name: count}}, with the total under "nodes"."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            ops = collections.Counter(getattr(getattr(n.target, "overloadpacket", None), "__name__", str(n.target))
+                                      for n in gm.graph.nodes if n.op == "call_function")
+            graphs[name] = dict(ops, nodes=len(gm.graph.nodes))
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), decompositions=select_decomp_table(),
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args)
+        sum(o.float().sum() for o in out).backward()
+    finally:
+        torch._dynamo.reset()
+    return graphs
+
+
+@pytest.mark.parametrize("paired,key_offset", [(False, False), (True, False), (False, True)])
+def test_rotary_traces_to_elementwise_ops_only(paired, key_offset, monkeypatch):
+    """The q/k path of the attention sublayer (the projection's output as q, k, v, QK-norm, rotary, the softmax
+    scale, the key offset), as inductor receives it: in the forward no op that moves data (with the key offset,
+    no concatenation: the shifted read is a slice and a pad, which inductor lowers to indexing), in the backward
+    only the stacking of (dq, dk, dv) into the projection's gradient (unbind's backward) for a concatenation, and
+    fewer nodes in all than the concatenating forms trace to (the half-split rotary slices and concatenates the
+    halves in both directions)."""
+    hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
+    T, H, D = 64, hp.num_heads, hp.head_dim
+    dtype = torch.bfloat16
+    cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, paired=paired)
+    qscale = torch.tensor(0.12, dtype=dtype)
+    bos = torch.zeros(T, dtype=torch.bool)
+    bos[[0, 20]] = True
+
+    def qk(qkv):
+        q, k, v = qkv.view(T, 3, H, D).unbind(1)
+        k = tg.rotary(tg.rms_norm(k), cos, sin)
+        return tg.rotary(tg.rms_norm(q), cos, sin) * qscale, tg.offset_keys(k, bos) if key_offset else k, v
+
+    qkv = torch.randn(T, 3 * H * D, dtype=dtype, requires_grad=True)
+    ours = _traced_graphs(qk, (qkv,))
+    moved = {g: {op: n for op, n in ops.items() if op in DATA_MOVEMENT} for g, ops in ours.items()}
+    if key_offset:
+        assert "cat" not in moved["fw"] and moved["bw"].get("cat") == 1, f"concatenations in the graphs: {moved}"
+    else:
+        assert moved == {"fw": {}, "bw": {"cat": 1}}, f"data movement in the q/k path's graphs: {moved}"
+    monkeypatch.setattr(tg, "rotary", half_split_rotary)
+    monkeypatch.setattr(tg, "offset_keys", concatenated_key_offset)
+    split = _traced_graphs(qk, (qkv,))
+    for g in ("fw", "bw"):
+        assert ours[g]["nodes"] < split[g]["nodes"], f"{g}: {ours[g]['nodes']} nodes, concatenating forms " \
+                                                     f"{split[g]['nodes']}"
 
 
 def test_mtp_weights_follow_the_record_schedule():
@@ -592,7 +737,8 @@ def _check_fp8_head_ce(dev, N, C, V, seed, w_std, rows=None):
     A, B, Cs = SOFTCAP3
     u = 2.0 ** -24
     x, w, t, wk, gs = _fp8_case(dev, N, C, V, seed, w_std)
-    losses, logits, stats, x8, w8 = tg.fp8_head_ce(x, w, t, wk, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
+    x8, (w8, w8t) = tg.fp8_e4m3(x.detach(), tg.FP8_X_S), tg.fp8_head_weights(w, tg.FP8_W_S)
+    losses, logits, stats = tg.fp8_head_ce(x, w, x8, w8, w8t, t, wk, tg.FP8_X_S, tg.FP8_W_S, gs, A, B, Cs)
     x8_spec = (x.detach() / tg.FP8_X_S).to(torch.float8_e4m3fn)
     w8_spec = (w.detach() / tg.FP8_W_S).to(torch.float8_e4m3fn)
     assert torch.equal(x8.view(torch.uint8), x8_spec.view(torch.uint8))

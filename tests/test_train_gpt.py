@@ -346,6 +346,46 @@ def test_resume_gpu(gpu_runs):
     _assert_same_checkpoint(ca, cr)
 
 
+def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_data, monkeypatch):
+    """With the FP8 head (forced on here), Trainer.train_step makes the head's e4m3 copies once per step, and every
+    micro-step's head is handed the e4m3 copy of the head as it is then (torch's cast of lm_head / FP8_W_S, and its
+    transpose): a copy kept from an earlier step, after the optimizer changed the head, fails here. The op itself is
+    replaced by the reference CE of x @ lm_head (its math is tests/test_cross_entropy.py's; the interpreter would
+    take minutes here)."""
+    monkeypatch.setattr(tg, "fp8_head_support", lambda device: (True, "forced on for this test"))
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), param_dtype="bfloat16")
+    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files), shard_files(hp.val_files))
+    assert tr.fns.head_path.startswith("fp8")
+    made, seen = [], []
+    real_weights = tg.fp8_head_weights
+
+    def weights(w, w_s):
+        made.append(w_s)
+        return real_weights(w, w_s)
+
+    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+        assert torch.equal(x8.view(torch.uint8), (x.detach() / x_s).to(torch.float8_e4m3fn).view(torch.uint8))
+        seen.append((w.detach().clone(), w8, w8t))
+        return (tg.softcapped_cross_entropy_ref(x.float() @ w.float(), targets, weights, A, B, C),)
+    monkeypatch.setattr(tg, "fp8_head_weights", weights)
+    monkeypatch.setattr(tg, "fp8_head_ce", head)
+    steps = 2
+    heads = []
+    for step in range(steps):
+        heads.append(tr.params["lm_head"].detach().clone())
+        tr.train_step(step, want_loss=False)
+    tr.loader.close()
+    assert len(seen) == steps * tg.SLOTS
+    assert not torch.equal(heads[0], heads[1]), "the head did not change: the test would not see a stale copy"
+    for i, (w, w8, w8t) in enumerate(seen):
+        assert torch.equal(w, heads[i // tg.SLOTS]), f"micro-step {i}: the head changed within a step"
+        want = (w / tg.FP8_W_S).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(w8.view(torch.uint8), want), f"micro-step {i}: w8 is not the current head's e4m3 copy"
+        assert w8t.is_contiguous() and torch.equal(w8t.view(torch.uint8), want.T), f"micro-step {i}: w8t"
+    assert made == [tg.FP8_W_S] * steps, f"{len(made)} preparations of the head's e4m3 copies in {steps} steps"
+
+
 def test_trainer_reset_restores_initial_state(smoke_data, device):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
@@ -1889,9 +1929,10 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
     for dtype, cfg in ce.DEFAULT_CONFIG.items():
         monkeypatch.setitem(ce.FWD_GRAD_CONFIG, dtype, dict(cfg, programs_per_sm=2))
     calls = []
-    for name in ("head_ce_grad_in_fwd", "fp8_head_ce_grad_in_fwd"):
+    for name, first in (("head_ce_grad_in_fwd", 4), ("fp8_head_ce_grad_in_fwd", 7)):  # the scalars after the tensors
         op = getattr(tg, name)
-        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name: calls.append((name, a[4:-3])) or op(*a))
+        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:-3]))
+                            or op(*a))
     g = torch.Generator().manual_seed(3)
     N, C, V = 64, 32, 208
     t = torch.randint(0, V, (N,), generator=g).to(device)
@@ -1910,7 +1951,8 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
 
         def run(grad_in_fwd, upstream):
             xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
-            loss = tg.head_loss(xa, wa, t, wk, 23.0, tg.softcapped_cross_entropy, fp8, grad_in_fwd)
+            head8 = tg.fp8_head_weights(wa, tg.FP8_W_S) if fp8 else None
+            loss = tg.head_loss(xa, wa, t, wk, 23.0, tg.softcapped_cross_entropy, fp8, grad_in_fwd, head8)
             return (loss.detach(),) + torch.autograd.grad(loss, (xa, wa), torch.tensor(upstream, device=device))
 
         new, old = run(True, 1 / tg.SLOTS), run(False, 1 / tg.SLOTS)
