@@ -113,20 +113,13 @@ scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch
 (StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
 smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
 """
-import contextlib
 import dataclasses
-import fcntl
 import gc
-import glob
 import math
 import os
 import queue
-import shutil
-import signal
-import sys
 import threading
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -141,32 +134,32 @@ if not torch.cuda.is_available():
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
+                         saved_hyperparameters, tidy_checkpoints)
+from cli import (Interrupted, check_settings, interrupted_message, one_line_errors, parse_args, set_up_process,
+                 smoke_corpus)
 from compilation import Compilation, cpp_wrapper_options
-from data.hellaswag import HellaSwagError
-from data.prepare_text import PrepareError
 from data.shards import ShardError, check_token_ids, load_shard
-from data.smoke_corpus import write_smoke_corpus
 from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
-from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
+from flags import SettingsError
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, head_ce_grad_in_fwd, softcapped_cross_entropy,
                                    softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
-from kernels.hardware import keep_freed_memory
 from kernels.mlp import relu2_mlp
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
-from run_log import StepClock, check_run_id, log_summary, new_run_id, open_log, resolve_files
+from run_log import StepClock, log_summary, new_run_id, open_log, resolve_files
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
 
 # -----------------------------------------------------------------------------
-# Hyperparameters (every field is a command-line flag, see parse_args; the schedule table is below)
+# Hyperparameters (every field is a command-line flag, cli.parse_args; the schedule table is below)
 
 
 @dataclass
@@ -363,9 +356,10 @@ def slow_adam_step(hp, step):
 
 def untie_step(hp):
     """The step before which the embedding and the LM head are untied: the one after the first slow Adam step of
-    stage untie_stage (the record unties right after that step's update: its odd step 967 of 1450)."""
+    stage untie_stage (the record unties right after that step's update: its odd step 967 of 1450); None when the
+    stage has no step (cli.check_settings refuses that)."""
     start = stage_bounds(hp)[hp.untie_stage][0]
-    return next(s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)) + 1
+    return next((s + 1 for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
 
 
 def windows_at(hp, step):
@@ -505,7 +499,7 @@ def init_params(hp, device, seed):
     """All parameters (PARAMS) as a flat dict of leaf tensors: matrices in hp.param_dtype, the rest fp32."""
     g = torch.Generator().manual_seed(seed)
     C, V, L, G = hp.model_dim, hp.vocab_size, hp.num_layers, hp.gate_dims
-    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by check_settings
+    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by cli.check_settings
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C), every attention matrix (W_o too)
 
     def uniform(*shape):
@@ -1575,190 +1569,6 @@ class TrainLoader:
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is missing, damaged or does not fit this run; main() prints it as one line."""
-
-
-# Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
-RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
-                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "cpp_wrapper")
-# Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
-RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
-
-
-def fsync_dir(path):
-    """Make a folder's entries (a new file, a rename) durable: fsync of the folder itself."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def hold_run_folder(folder):
-    """Create a run's checkpoint folder (CHECKPOINT_DIR/RUN_ID, at its first save, by rank 0) and hold an exclusive
-    flock on it for the rest of this process: the descriptor is never closed, and the kernel drops the lock when the
-    process ends, however it ends (kill -9 included). So run_is_live tells a live run's save in progress
-    (step_NNNNNN.tmp) from one that a stopped run left behind. On a file system without flock the folder stays
-    unlocked (and run_is_live calls every run there live)."""
-    Path(folder).mkdir(parents=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        os.close(fd)
-
-
-def run_is_live(folder):
-    """Whether the run folder ``folder`` may belong to a live run: a process holds its lock (hold_run_folder), or
-    the file system cannot tell (no flock). False for a folder that is gone."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own lock, if we get it, goes with the close below
-        return False
-    except OSError:  # BlockingIOError: held by a live process
-        return True
-    finally:
-        os.close(fd)
-
-
-def unfinished_saves(checkpoint_dir):
-    """The step_NNNNNN.tmp folders in CHECKPOINT_DIR/*/ whose run is not live (run_is_live): saves (or --keep-last
-    deletions) that a stopped run never finished. They hold no checkpoint; nothing reads them."""
-    return sorted(t for t in Path(checkpoint_dir).glob("*/step_*.tmp") if not run_is_live(t.parent))
-
-
-def checkpoints_of(folder):
-    """The complete checkpoint folders step_NNNNNN of a run folder, oldest first."""
-    done = [p for p in Path(folder).glob("step_*") if not p.name.endswith(".tmp")]
-    return sorted(done, key=lambda p: int(p.name[len("step_"):]))
-
-
-def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp, log_path=None, keep_last=0):
-    """ckpt_dir/step_NNNNNN with one rank<r>.pt per rank (rank 0's also holds the parameters), written
-    atomically: every rank writes and fsyncs its file in step_NNNNNN.tmp, and once all have (a barrier) rank 0
-    renames the folder, so a checkpoint folder is complete or absent, whenever the run is killed. The folder
-    under ckpt_dir belongs to this run (its run id is never reused; rank 0 locks it, hold_run_folder), so the .tmp
-    name needs no suffix. The state also names the run (its id and log_path): a run resumed from it names them in
-    its log's header. keep_last > 0: rank 0 then deletes all but the newest keep_last checkpoints of ckpt_dir, each
-    renamed to step_NNNNNN.tmp first, so a kill midway leaves no partial folder under a checkpoint's name."""
-    path = Path(ckpt_dir) / f"step_{step:06d}"
-    tmp = path.with_name(path.name + ".tmp")
-    if d.rank == 0:
-        if not path.parent.exists():
-            hold_run_folder(path.parent)
-        tmp.mkdir()
-    if d.world > 1:
-        dist.barrier()
-    state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
-             "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
-             "hyperparameters": dataclasses.asdict(hp),
-             "run": {"id": path.parent.name, "log": None if log_path is None else str(log_path)}}
-    if d.rank == 0:
-        state["params"] = {k: v.detach().cpu() for k, v in params.items()}
-    with open(tmp / f"rank{d.rank}.pt", "xb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if d.world > 1:
-        dist.barrier()
-    if d.rank == 0:
-        fsync_dir(tmp)
-        os.rename(tmp, path)
-        fsync_dir(path.parent)
-        if keep_last > 0:
-            for old in checkpoints_of(path.parent)[:-keep_last]:
-                gone = old.with_name(old.name + ".tmp")
-                os.rename(old, gone)
-                shutil.rmtree(gone)
-    return path
-
-
-def read_checkpoint(path, rank, mmap=False):
-    """The state rank `rank` saved in the checkpoint folder `path`, on the CPU; a CheckpointError naming the
-    folder or file when it is unfinished, missing or cannot be read. mmap: tensors stay in the file (a cheap
-    look at the metadata)."""
-    path = Path(path)
-    if path.name.endswith(".tmp"):
-        raise CheckpointError(f"{path} is an unfinished checkpoint (its run stopped while saving it); use a "
-                              f"step_NNNNNN folder")
-    f = path / f"rank{rank}.pt"
-    if not f.is_file():
-        raise CheckpointError(f"no checkpoint at {path} (expected {f})")
-    try:
-        state = torch.load(f, map_location="cpu", weights_only=False, mmap=mmap)
-    except Exception as e:  # torch raises RuntimeError (zip), EOFError or UnpicklingError for a damaged file
-        if not zipfile.is_zipfile(f):  # torch.save writes a zip archive, its index at the end: a cut file has none
-            raise CheckpointError(f"{f}: damaged checkpoint file: truncated, or not written by torch.save (it is "
-                                  f"no complete zip archive)") from None
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        raise CheckpointError(f"{f}: damaged checkpoint file, torch.load failed ({type(e).__name__}: "
-                              f"{reason})") from None
-    if not isinstance(state, dict) or "hyperparameters" not in state:
-        raise CheckpointError(f"{f}: not a checkpoint of train_gpt.py (no hyperparameters in it)")
-    return state
-
-
-def check_same_settings(path, saved, mine, names):
-    """CheckpointError for the first hyperparameter of ``names`` (field names) whose value in this run (mine) is
-    not the checkpoint's (saved), unless RESUME_MAY_DIFFER lets it."""
-    for k in names:
-        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
-            what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
-                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
-            raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
-
-
-def check_resume_flags(hp, path, given):
-    """Before the settings are checked (check_settings): the hyperparameters given on the command line (given:
-    field names) against the --resume checkpoint's, so that a changed --num-layers is named rather than the
-    --long-window-layers it leaves out of range. The vocabulary that --vocab-from-data takes from the shards is
-    left to check_resume."""
-    saved = read_checkpoint(path, 0, mmap=True)["hyperparameters"]
-    derived = ("vocab_size",) if hp.vocab_from_data else ()
-    check_same_settings(path, saved, dataclasses.asdict(hp), [k for k in given if k not in derived])
-
-
-def check_resume(hp, path, d):
-    """Refuse (CheckpointError, one line) a --resume checkpoint that cannot continue this run: a rank file
-    missing or damaged, another world size, or a hyperparameter (the schedule and the seed included) other than
-    this run's, naming the first that differs (those given on the command line were compared first, by
-    check_resume_flags); only RESUME_MAY_DIFFER may. Tensors are not read (mmap): this runs before the log opens
-    and the model is built. Returns what the resumed run continues: {"checkpoint", "step", "id", "log"} (id and log
-    of the run that saved it; for a checkpoint that does not name its run, its folder's name and None)."""
-    ck = read_checkpoint(path, 0, mmap=True)
-    if ck["world_size"] != d.world:
-        raise CheckpointError(f"--resume {path}: checkpoint written by {ck['world_size']} ranks, this run has "
-                              f"{d.world}: the sharded optimizer state needs the same world size")
-    for r in range(1, d.world):
-        read_checkpoint(path, r, mmap=True)
-    saved, mine = ck["hyperparameters"], dataclasses.asdict(hp)
-    unknown = [k for k in saved if k not in mine and k not in RETIRED_SETTINGS]
-    check_same_settings(path, saved, mine, list(mine) + unknown)
-    run = ck.get("run") or {"id": Path(path).resolve().parent.name, "log": None}
-    return {"checkpoint": str(path), "step": ck["step"], **run}
-
-
-def load_checkpoint(path, params, opt, d):
-    """Load this rank's state (and rank 0's parameters) into params and opt; returns the state. Checked first
-    by check_resume."""
-    mine = read_checkpoint(path, d.rank)
-    p0 = mine if d.rank == 0 else read_checkpoint(path, 0)
-    with torch.no_grad():
-        for k, v in p0["params"].items():
-            params[k].copy_(v)
-    opt.load_state_dict(mine["optimizer"])
-    torch.set_rng_state(mine["rng"])
-    return mine
-
-
-# -----------------------------------------------------------------------------
 # Training
 
 
@@ -1894,147 +1704,11 @@ def warmup(trainer, log=None):
     return phases
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) during a run. timed_loop raises it with the steps done (step); run_training adds the line
-    saying where the run can resume from (message) and logs it; main() prints that line and exits with code 130."""
-
-    def __init__(self, step=None, message=None):
-        super().__init__(message or "")
-        self.step, self.message = step, message
-
-
-def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed, keep_last=0):
-    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints (keep_last: save_checkpoint's);
-    the clock stops during each. Returns (train time in ms, {stage index: [step times in ms]}). Ctrl-C raises
-    Interrupted with the steps done."""
-    hp, d = trainer.hp, trainer.d
-
-    def sync():
-        if d.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    @contextlib.contextmanager
-    def clock_stopped():  # train_ms counts up to here (the device's queued work done); the block is not timed
-        nonlocal train_ms, t0, t_prev
-        clock.wait()
-        log_finished()
-        sync()
-        train_ms += 1000 * (time.perf_counter() - t0)
-        yield
-        sync()
-        t0, t_prev = time.perf_counter(), None
-
-    T_total = hp.total_steps
-    stage_ms = {}
-    clock = StepClock(d.device)  # a step's line and time: when the device finished it (run_log.StepClock)
-    t_prev = None  # when the step before the next finished one did (None: the clock's start)
-
-    def log_finished():
-        nonlocal t_prev
-        for s, t, loss in clock.finished():
-            approx = train_ms + 1000 * (t - t0)
-            stage_ms.setdefault(stage_at(hp, s)[0], []).append(1000 * (t - (t0 if t_prev is None else t_prev)))
-            t_prev = t
-            tail = f" train_loss:{loss:.6f}" if loss is not None else ""
-            log(f"step:{s + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (s + 1):.2f}ms{tail}")
-
-    # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
-    # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
-    gc.collect()
-    gc.freeze()
-    step = start_step
-    try:
-        sync()
-        t0 = time.perf_counter()
-        for step in range(start_step, T_total + 1):
-            last = step == T_total
-            first = step == start_step and resumed
-            if last or (hp.val_every > 0 and step % hp.val_every == 0):
-                with clock_stopped():
-                    windows, yarn_long = val_windows(hp, step)
-                    val = trainer.validate(windows, yarn_long=yarn_long)
-                    log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
-                        f"step_avg:{train_ms / max(step, 1):.2f}ms")
-            if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
-                with clock_stopped():
-                    model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                         windows_at(hp, min(step, T_total - 1)))
-                    res = trainer.hellaswag.evaluate(model)
-                    log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
-            if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-                with clock_stopped():
-                    save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d,
-                                    hp, getattr(log, "path", None), keep_last)
-            if last:
-                break
-            trainer.train_step(step, hp.log_train_loss, clock=clock)
-            log_finished()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT): run_training says where to resume from
-        raise Interrupted(step) from None
-    finally:
-        trainer.loader.close()
-        gc.unfreeze()  # frozen objects are never collected, and Triton's bindings report theirs as leaked at exit
-    return train_ms, stage_ms
-
-
-SMOKE_CORPUS = "data/smoke"  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
-
-
-def smoke_corpus(hp, args, d):
-    """--smoke with the default --train-files and --val-files both matching no file: hp reading the byte-level
-    corpus of this repository's *.py and *.md files (data/smoke_corpus.py), written to SMOKE_CORPUS unless it is
-    there, said in one line. Otherwise hp as it is: globs given on the command line are used as given."""
-    given = args.train_files is not None or args.val_files is not None
-    if not args.smoke or given or glob.glob(hp.train_files) or glob.glob(hp.val_files):
-        return hp
-    train_files, val_files, made = write_smoke_corpus(SMOKE_CORPUS)
-    if d.rank == 0:
-        print(f"no shards match {hp.train_files}: --smoke trains on this repository's *.py and *.md files as bytes "
-              f"(vocabulary 384, BOS 256), {'written to' if made else 'read from'} {SMOKE_CORPUS}/", flush=True)
-    return dataclasses.replace(hp, train_files=train_files, val_files=val_files)
-
-
-def given_hyperparameters(args):
-    """The hyperparameters whose flags the command line gives (field names, in the dataclass's order)."""
-    return [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
-
-
-def tidy_checkpoints(args, log):
-    """Rank 0, as a run starts: with --resume, the unfinished saves (step_NNNNNN.tmp) of the run it continues are
-    removed when that run is not live; any other stopped run's in CHECKPOINT_DIR are named in one line and left
-    alone (unfinished_saves: a live run's save in progress is neither)."""
-    continued = Path(args.resume).parent if args.resume else None
-    if continued is not None and not run_is_live(continued):
-        for tmp in sorted(continued.glob("step_*.tmp")):
-            shutil.rmtree(tmp)
-            log(f"removed_unfinished_save: {tmp} (left by the run this one continues)")
-    others = unfinished_saves(args.checkpoint_dir)
-    if others:
-        log(f"unfinished_saves: {', '.join(map(str, others))} (left by runs stopped while saving; no checkpoint, "
-            f"ignored; delete them)")
-
-
-def last_checkpoint(ckpt_dir, resume):
-    """The newest complete checkpoint of the run (ckpt_dir), else the one it resumed from (resume), else None."""
-    done = checkpoints_of(ckpt_dir) if Path(ckpt_dir).is_dir() else []
-    return done[-1] if done else resume
-
-
-def interrupted_message(step, hp, checkpoint, args):
-    """The line main() prints after Ctrl-C, and the log's run_interrupted: line: the steps done (step, None before
-    the timed loop) and how to resume."""
-    where = "before the timed steps" if step is None else f"at step {step}/{hp.total_steps}"
-    if checkpoint is None:
-        return f"interrupted {where}; no checkpoint saved yet (--save-every N saves one every N steps)"
-    run_id = " and a new --run-id" if args.run_id else ""
-    return (f"interrupted {where}; last checkpoint: {checkpoint} (resume: the same command with --resume "
-            f"{checkpoint}{run_id})")
-
-
-def run_training(hp, args, d):
-    """One training run: files (smoke_corpus), the --resume check, log header, then train() inside it; a run that
-    fails after the log opened ends its log with a run_failed: line, one stopped by Ctrl-C with run_interrupted:
-    (Interrupted). Returns (log path, checkpoint folder)."""
+def train(hp, args, d):
+    """One training run: its files, the --resume check, the log, the compile warmup, then the timed steps with
+    validations, HellaSwag and checkpoints (the clock stops during each), and the log's footer. A run that fails
+    after the log opened ends its log with a run_failed: line, one stopped by Ctrl-C with run_interrupted: and
+    raises cli.Interrupted. Returns (log path, checkpoint folder)."""
     hp = smoke_corpus(hp, args, d)
     train_files, val_files = resolve_files(hp)
     hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
@@ -2042,52 +1716,93 @@ def run_training(hp, args, d):
     run_id = args.run_id or new_run_id(d)
     log = open_log(hp, args, d, train_files, val_files, run_id, continues)
     ckpt_dir = Path(args.checkpoint_dir) / run_id
+    step = None  # the step the timed loop is at (None before it)
     try:
         if d.rank == 0:
             tidy_checkpoints(args, log)
-        train(hp, args, d, train_files, val_files, log, ckpt_dir)
-    except KeyboardInterrupt as e:
-        step = e.step if isinstance(e, Interrupted) else None
-        message = interrupted_message(step, hp, last_checkpoint(ckpt_dir, args.resume), args)
+        compiling = Compilation(hp.compile, args.compile_cache, d, log)
+        trainer = Trainer(hp, d, train_files, val_files)
+        log(f"lm_head_matmul: {trainer.fns.head_path}")
+        log(f"embedding_backward: {trainer.fns.embed_path}")
+        log(f"mlp: {trainer.fns.mlp_path}")
+        log(f"compile_options: {trainer.fns.compile_path}")
+        log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
+            f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
+        compiling.warmup(lambda: warmup(trainer, log))
+        if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
+            profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
+                           lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
+        compiling.timed_run_starts()
+        start_step, train_ms = 0, 0.0
+        if args.resume:
+            ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
+            trainer.loader.load_state(ck["loader"])
+            log(f"resumed_from: {args.resume} step {ck['step']}")
+            start_step, train_ms = ck["step"], ck["train_time_ms"]
+        if d.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        T = hp.total_steps
+        clock = StepClock(d.device, train_ms)  # the train time; a step's line once the device finished it
+
+        def log_steps():
+            for s, ms, loss in clock.finished():
+                tail = f" train_loss:{loss:.6f}" if loss is not None else ""
+                log(f"step:{s + 1}/{T} train_time:{ms:.0f}ms step_avg:{ms / (s + 1):.2f}ms{tail}")
+
+        # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
+        # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
+        gc.collect()
+        gc.freeze()
+        step = start_step
+        try:
+            clock.start()
+            for step in range(start_step, T + 1):
+                last = step == T
+                validate = last or (hp.val_every > 0 and step % hp.val_every == 0)
+                hellaswag = trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0)
+                save = last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)
+                save = save and not (args.resume and step == start_step)  # the checkpoint it resumed from
+                if validate or hellaswag or save:  # untimed: the clock stops once the queued steps are done
+                    clock.stop()
+                    log_steps()
+                    if validate:
+                        windows, yarn_long = val_windows(hp, step)
+                        val = trainer.validate(windows, yarn_long=yarn_long)
+                        log(f"step:{step}/{T} val_loss:{val:.4f} train_time:{clock.ms:.0f}ms "
+                            f"step_avg:{clock.ms / max(step, 1):.2f}ms")
+                    if hellaswag:
+                        model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                             windows_at(hp, min(step, T - 1)))
+                        res = trainer.hellaswag.evaluate(model)
+                        log(f"step:{step}/{T} hellaswag_acc_norm:{res['acc_norm']:.4f}")
+                    if save:
+                        save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, clock.ms,
+                                        d, hp, log.path, args.keep_last)
+                    clock.start()
+                if last:
+                    break
+                trainer.train_step(step, hp.log_train_loss, clock=clock)
+                log_steps()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
+        finally:
+            trainer.loader.close()
+            gc.unfreeze()  # frozen objects are never collected, and Triton's bindings report theirs as leaked at exit
+        stage_ms = {}
+        for s, ms in clock.step_ms.items():
+            stage_ms.setdefault(stage_at(hp, s)[0], []).append(ms)
+        C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
+        weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
+        tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T))
+        log_summary(log, d, tokens, clock.ms, stage_ms, weights)
+        compiling.log_recompiles()
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT): say where the run can resume from
+        message = interrupted_message(step, hp.total_steps, last_checkpoint(ckpt_dir, args.resume), args)
         log(f"run_interrupted: {message}", console=False)
-        raise Interrupted(step, message) from None
+        raise Interrupted(message) from None
     except BaseException as e:
         reason = (str(e).strip().splitlines() or [""])[0]
         log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
         raise
     return log.path, ckpt_dir
-
-
-def train(hp, args, d, train_files, val_files, log, ckpt_dir):
-    """Trainer, compile warmup (compilation.Compilation), optional profile and resume, timed loop, footer."""
-    compiling = Compilation(hp.compile, args.compile_cache, d, log)
-    trainer = Trainer(hp, d, train_files, val_files)
-    log(f"lm_head_matmul: {trainer.fns.head_path}")
-    log(f"embedding_backward: {trainer.fns.embed_path}")
-    log(f"mlp: {trainer.fns.mlp_path}")
-    log(f"compile_options: {trainer.fns.compile_path}")
-    log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
-        f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    compiling.warmup(lambda: warmup(trainer, log))
-    if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
-        profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
-                       lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
-    compiling.timed_run_starts()
-    start_step, train_ms = 0, 0.0
-    if args.resume:
-        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
-        trainer.loader.load_state(ck["loader"])
-        log(f"resumed_from: {args.resume} step {ck['step']}")
-        start_step, train_ms = ck["step"], ck["train_time_ms"]
-    if d.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume),
-                                    keep_last=args.keep_last)
-    C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
-    weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
-    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
-    log_summary(log, d, tokens, train_ms, stage_ms, weights)
-    compiling.log_recompiles()
 
 
 # -----------------------------------------------------------------------------
@@ -2121,260 +1836,34 @@ def model_logits(hp, params, fns, rot_cache, windows=None):
 def load_model(path, d):
     """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
     ck = read_checkpoint(path, 0)
-    saved = ck["hyperparameters"]  # dataclasses.asdict of the run's: plain data, tuples as lists
-
-    def tuples(row):
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
-    try:
-        hp = Hyperparameters(**tuples(saved), stages=tuple(Stage(**tuples(s)) for s in saved["stages"]))
-    except TypeError as e:  # a field this code does not know, or lacks
-        raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
+    hp = saved_hyperparameters(path, ck, Hyperparameters, Stage)
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
     return hp, params, build_fns(hp, d.device, compile_model=False)
-
-
-# -----------------------------------------------------------------------------
-# Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
-
-
-# Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
-HP_RANGES = {
-    "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "final_long_window": (1, None),
-    "num_layers": (1, None), "model_dim": (1, None), "num_heads": (1, None), "head_dim": (4, None),
-    "mlp_dim": (1, None), "gate_dims": (1, None), "vocab_size": (1, None), "bigram_vocab_size": (2, None),
-    "cooldown_frac": (0, 1), "cooldown_floor": (0, None), "untie_stage": (0, None), "muon_lr": (0, None),
-    "muon_momentum_min": (0, 1), "muon_momentum_max": (0, 1), "muon_warmup_steps": (0, None),
-    "muon_cooldown_steps": (0, None), "muon_beta2": (0, 1), "muon_wd": (0, None), "mlp_proj_lr_mul": (0, None),
-    "adam_lr": (0, None), "adam_wd": (0, None), "adam_every": (1, None), "profile_steps": (0, None),
-    "val_every": (0, None), "save_every": (0, None), "hellaswag_every": (0, None), "hellaswag_limit": (0, None),
-    "seed": (0, 2**64 - 1),  # what torch.Generator.manual_seed takes without wrapping around
-}
-# The same for the flags that are not hyperparameters (sampling, --keep-last).
-ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None),
-              "keep_last": (0, None)}
-
-
-def flag_name(field):
-    """The command-line flag of a hyperparameter or argument: its short alias where it has one (--steps)."""
-    return FLAG_ALIASES.get(field, ["--" + field.replace("_", "-")])[0]
-
-
-def check_settings(hp, args, world, cuda):
-    """Raise SettingsError, one line naming the flag, for the first setting that cannot work: the world size,
-    every hyperparameter's range, the layer indices and shapes against each other, the sampling flags, and for
-    training the device (the full model needs CUDA: without it, --smoke) and the run id, which must be new:
-    neither LOG_DIR/RUN_ID.txt nor CHECKPOINT_DIR/RUN_ID may exist. Opens no file, allocates nothing. hp: the
-    training run's hyperparameters (with --sample / --hellaswag, which take the checkpoint's, only the flags
-    are checked)."""
-    check_world_size(world)
-    training = not (args.sample or args.hellaswag)
-    if args.sample and args.hellaswag:
-        raise SettingsError("--sample and --hellaswag: give one of them")
-    check_ranges(hp, HP_RANGES, flag_name)
-    check_ranges(args, ARG_RANGES, flag_name)
-    if hp.untie_stage >= len(hp.stages) or not any(
-            slow_adam_step(hp, s) for s in range(stage_bounds(hp)[hp.untie_stage][0], hp.total_steps)):
-        raise SettingsError(f"--untie-stage: {hp.untie_stage} is not a stage with an Adam step to untie after (the "
-                            f"stage table has {len(hp.stages)} stages)")
-    L = hp.num_layers
-
-    def layer(name, i):
-        if not 0 <= i < L:
-            raise SettingsError(f"{flag_name(name)}: {i} is not a layer index (--num-layers {L}: 0 .. {L - 1})")
-
-    for name in ("no_attn_layers", "long_window_layers") + (("paired_head_layers",) if hp.paired_heads else ()):
-        for i in getattr(hp, name):
-            layer(name, i)
-    for name in ("skip_from", "skip_to") + (("backout_layer",) if hp.backout else ()):
-        layer(name, getattr(hp, name))
-    if hp.skip_from >= hp.skip_to:
-        raise SettingsError(f"--skip-from {hp.skip_from} must come before --skip-to {hp.skip_to} (the skip is saved "
-                            f"at one layer and added at a later one)")
-    if not 0 <= hp.parallel_start <= L:
-        raise SettingsError(f"--parallel-start: must be a layer index or {L} (one lane), got {hp.parallel_start}")
-    if not hp.attn_layers:
-        raise SettingsError("--no-attn-layers: lists every layer; at least one layer needs attention")
-    if len(hp.ve_tables) != L:
-        raise SettingsError(f"--ve-tables: {len(hp.ve_tables)} entries for {L} layers (--num-layers): give one table "
-                            f"id per layer, -1 for none")
-    for i, t in enumerate(hp.ve_tables):
-        if t < -1:
-            raise SettingsError(f"--ve-tables: layer {i} has table {t}; table ids are 0, 1, ... (-1: none)")
-        if t >= 0 and i in hp.no_attn_layers:
-            raise SettingsError(f"--ve-tables: layer {i} has table {t} but no attention (--no-attn-layers); value "
-                                f"embeddings are mixed into the attention values")
-    unused = sorted(set(range(hp.num_ve)) - set(hp.ve_tables))
-    if unused:
-        raise SettingsError(f"--ve-tables: table {unused[0]} is used by no layer; number the tables 0, 1, ... "
-                            f"without gaps")
-    if hp.num_heads * hp.head_dim != hp.model_dim:
-        raise SettingsError(f"--num-heads {hp.num_heads} x --head-dim {hp.head_dim} must equal --model-dim "
-                            f"{hp.model_dim}")
-    if hp.head_dim % 4:
-        raise SettingsError(f"--head-dim: must be a multiple of 4 (rotary turns pairs in half the dims), got "
-                            f"{hp.head_dim}")
-    if hp.paired_heads and hp.paired_head_layers and hp.num_heads % 2:
-        raise SettingsError(f"--num-heads: paired heads need an even number, got {hp.num_heads} (or "
-                            f"--no-paired-heads)")
-    if hp.gate_dims > hp.model_dim:
-        raise SettingsError(f"--gate-dims: the gates read {hp.gate_dims} dims of the residual, more than --model-dim "
-                            f"{hp.model_dim}")
-    if hp.muon_momentum_min > hp.muon_momentum_max:
-        raise SettingsError(f"--muon-momentum-min {hp.muon_momentum_min} is above --muon-momentum-max "
-                            f"{hp.muon_momentum_max}")
-    if hp.param_dtype not in ("bfloat16", "float32"):  # what the kernels and their tests cover
-        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of bfloat16, float32")
-    if hp.val_micro_tokens < BLOCK or hp.val_micro_tokens % BLOCK:
-        raise SettingsError(f"--val-micro-tokens: must be a multiple of {BLOCK} (the window unit), got "
-                            f"{hp.val_micro_tokens}")
-    ids = GPT2_VOCAB if hp.vocab_from_data else hp.vocab_size
-    if not 0 <= hp.bos_id < ids:
-        raise SettingsError(f"--bos-id: {hp.bos_id} is not a token id (0 .. {ids - 1})")
-    if not training:
-        return
-    if not cuda and not args.smoke:
-        raise SettingsError("the full model needs a CUDA GPU and torch sees none; use --smoke for a tiny CPU model "
-                            "(its flags can be changed like any other)")
-    if args.run_id is not None:
-        check_run_id(args.run_id, args.log_dir, args.checkpoint_dir)
 
 
 # -----------------------------------------------------------------------------
 # Entry point
 
 
-# Short names that users and records use, kept beside the generated --field-name flags.
-FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
-NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
-
-
-def parse_args(argv):
-    argv = sys.argv[1:] if argv is None else argv
-    p = ArgumentParser(
-        prog="train_gpt.py", description=__doc__.split("\n")[0],
-        usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
-        epilog="The Stage table (batch size, windows, lr per stage) is edited in the code. Step lines: train_loss "
-               "(--train-loss) is the training objective, with --mtp the weighted sum of the losses on the next "
-               "1, 2, 3 tokens (weights 1, .5, .25 at the start), so about 1.75 x ln(vocab_size) = 18.9 at step 1 "
-               "for GPT-2's vocabulary; val_loss is the next-token loss alone (ln(50304) = 10.8 untrained). "
-               "Every setting is checked before any work: a bad one is one line naming the flag, exit code 2.")
-    smoke = "--smoke" in argv
-    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
-    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
-    from_data = ("vocab_size", "bos_id") if defaults.vocab_from_data else ()
-    # Values are checked by check_settings.
-    add_dataclass_flags(p.add_argument_group(f"hyperparameters (defaults: {config})"), Hyperparameters, defaults,
-                        FLAG_ALIASES, NOT_FLAGS,
-                        shown=lambda name, v: "from the shards (--vocab-from-data)" if name in from_data else repr(v))
-    p.add_argument("--run-id", help="name of the run: its log is LOG_DIR/RUN_ID.txt, its checkpoints "
-                                    "CHECKPOINT_DIR/RUN_ID/step_NNNNNN; an id whose log or checkpoint folder "
-                                    "exists is refused (default: date_time_random, new for each run)")
-    p.add_argument("--checkpoint-dir", default="checkpoints", metavar="CHECKPOINT_DIR",
-                   help="folder of the runs' checkpoint folders (default: %(default)s)")
-    p.add_argument("--keep-last", type=int, default=0, metavar="N",
-                   help="after each save, delete all but the newest N checkpoints of this run, 0 to keep all (default: "
-                        "%(default)s). A checkpoint, CHECKPOINT_DIR/RUN_ID/step_NNNNNN, holds one file per rank: that "
-                        "rank's shard of the optimizer state (fp32 master weights; Adam's two moments or Muon's "
-                        "momentum and second moments; between two slow Adam steps, their summed gradients), the "
-                        "loader's position, the RNG state, the train time, the hyperparameters and the run's id and "
-                        "log; rank 0's also holds every parameter (bf16 matrices): 10 to 14 bytes per parameter")
-    p.add_argument("--log-dir", default="logs", metavar="LOG_DIR",
-                   help="folder of the runs' logs (default: %(default)s)")
-    free = ", ".join(map(flag_name, RESUME_MAY_DIFFER))
-    p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from: the world size and "
-                                    "every hyperparameter, the schedule and --seed included, must equal the "
-                                    f"checkpoint's (refused otherwise), except {free}")
-    p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny CPU-sized run (eager; on a GPU --smoke --compile compiles it)")
-    p.add_argument("--hellaswag", metavar="CHECKPOINT",
-                   help="checkpoint folder: print its HellaSwag accuracy and write it to a new hellaswag_N.json "
-                        "there (N = 1, 2, ...: an earlier result is never overwritten)")
-    p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
-    p.add_argument("--prompt", default="The", help="--sample: the text to continue (default: %(default)r)")
-    p.add_argument("--max-new-tokens", type=int, default=32,
-                   help="--sample: tokens generated per sample, >= 1 (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="--sample: sampling temperature, 0 for greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0,
-                   help="--sample: sample among the K most likely tokens, 0 for all (default: %(default)s)")
-    p.add_argument("--num-samples", type=int, default=1,
-                   help="--sample: continuations to print, drawn one after another from one generator seeded by "
-                        "--seed (default: %(default)s)")
-    p.add_argument("--compile-cache", metavar="PATH",
-                   help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
-                        "matches (else emptied and compiled cold), saved after the compile warmup")
-    return p.parse_args(argv)
-
-
-def hyperparameters_from(args):
-    hp = smoke_hyperparameters() if args.smoke else Hyperparameters()
-    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters) if f.name not in NOT_FLAGS}
-    hp = dataclasses.replace(hp, **{k: v for k, v in over.items() if v is not None})
-    if not torch.cuda.is_available():
-        hp = dataclasses.replace(hp, compile=False)  # the CPU path runs eagerly (see build_fns)
-    return hp
-
-
-def interrupt_once(signum, frame):
-    """main()'s SIGINT handler: a KeyboardInterrupt, then SIGINT ignored while it is handled (under torchrun a
-    Ctrl-C reaches each rank twice: from the terminal, then passed on by torchrun)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def main(argv=None):
-    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem with
-    the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by
-    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback). Ctrl-C is one line
-    `train_gpt.py: interrupted ...` (in training: where to resume from) and SystemExit(130)."""
-    args = parse_args(argv)
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.default_int_handler and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, interrupt_once)  # not where SIGINT was ignored from the start (nohup, &)
-    try:
-        return run(args)
-    except (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError) as e:
-        if launch_rank() == 0:
-            print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt as e:
-        if launch_rank() == 0:
-            line = e.message if isinstance(e, Interrupted) and e.message else "interrupted"
-            print(f"train_gpt.py: {line}", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
-    finally:
-        if signal.getsignal(signal.SIGINT) is interrupt_once:  # after a Ctrl-C it stays ignored: the process ends
-            signal.signal(signal.SIGINT, previous)
-
-
-def run(args):
-    """The settings checked (check_settings; with --resume the flags given against the checkpoint's first), then
-    the processes set up and the mode run."""
-    hp, cuda = hyperparameters_from(args), torch.cuda.is_available()
-    if args.resume and not (args.sample or args.hellaswag):
-        check_resume_flags(hp, args.resume, given_hyperparameters(args))
-    check_settings(hp, args, int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    if not cuda:
-        keep_freed_memory()
-    # Three batch shapes share one allocator: expandable segments avoid fragmenting it (before CUDA starts).
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        # warn_only: ops without a deterministic kernel warn instead of failing (our Triton kernels are
-        # deterministic; FlashAttention's backward is made so per call, see doc_attention_bwd).
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    d = setup_distributed()
-    try:
-        if args.sample:
-            return sample(args, d, load_model, model_logits)
-        if args.hellaswag:
-            return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
-        torch.manual_seed(hp.seed)
-        return run_training(hp, args, d)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    """Train, or with --sample / --hellaswag evaluate a checkpoint; returns what that mode returns (training: the
+    log's path and the checkpoint folder). cli.py reads and checks the flags before any work, and makes a bad
+    setting one line with exit code 2 and Ctrl-C exit code 130."""
+    args, hp = parse_args(argv, Hyperparameters, smoke_hyperparameters, __doc__.split("\n")[0])
+    with one_line_errors():
+        check_settings(hp, args, check_world_size, untie_step, BLOCK)
+        set_up_process(args)
+        d = setup_distributed()
+        try:
+            if args.sample:
+                return sample(args, d, load_model, model_logits)
+            if args.hellaswag:
+                return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
+            torch.manual_seed(hp.seed)
+            return train(hp, args, d)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from tolerances import assert_close_report, assert_matches_torch
 
+import cli
 import train_gpt as tg
 from kernels.cross_entropy import fp8_head_ce_bwd, softcapped_cross_entropy_bwd_e5m2
 
@@ -681,8 +682,8 @@ def test_compiled_head_with_ce_kernel_matches_reference_on_gpu():
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_disable_flag_parses_and_trains(feature, device):
-    args = tg.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"])
-    hp = tg.hyperparameters_from(args)
+    _, hp = cli.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"], tg.Hyperparameters,
+                           tg.smoke_hyperparameters)
     assert getattr(hp, feature) is False
     assert all(getattr(hp, f) for f in FEATURES if f != feature)
     hp = dataclasses.replace(hp, param_dtype="float32", vocab_size=512, bos_id=511)

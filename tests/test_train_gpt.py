@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from tolerances import assert_close_report, assert_matches_torch
 
+import checkpoints
+import cli
 import run_log
 import train_gpt as tg
 from data.shards import load_shard, shard_files, write_shard
@@ -57,6 +59,11 @@ def smoke_data(tmp_path_factory):
     _make_shard(d / "smoke_train_000002.bin", 120_000, 2)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
     return d
+
+
+def _flags(argv):
+    """(args, hp) of train_gpt.py's command line argv."""
+    return cli.parse_args(argv, tg.Hyperparameters, tg.smoke_hyperparameters)
 
 
 def _smoke_argv(data, out, run_id, *extra):
@@ -392,33 +399,36 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
 def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_path, monkeypatch):
     """Record #74 runs gc.collect() before its clock starts; ours also freezes what survives, so that a full
     collection during a timed step walks only the objects made since, and unfreezes at the end. Spec: cyclic
-    garbage made before the loop is gone by the first training step, the survivors are frozen then, and nothing is
-    frozen after the loop."""
+    garbage made as the timed run starts (Compilation.timed_run_starts) is gone by the first timed training step,
+    the survivors are frozen then, and nothing is frozen after the run. The steps themselves do nothing here."""
     import gc
     import weakref
-    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), val_every=0)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files),
-                    shard_files(hp.val_files))
 
     class Cycle:
         pass
-    garbage = Cycle()
-    garbage.me = garbage  # unreachable once the name is gone, but only a collection frees it
-    alive = weakref.ref(garbage)
-    del garbage
+    alive = []
+
+    def timed_run_starts(self, real=tg.Compilation.timed_run_starts):
+        garbage = Cycle()
+        garbage.me = garbage  # unreachable once the name is gone, but only a collection frees it
+        alive.append(weakref.ref(garbage))
+        return real(self)
     seen = []
-    monkeypatch.setattr(tr, "train_step", lambda step, want_loss, clock=None: seen.append((alive() is None,
-                                                                                          gc.get_freeze_count())))
+
+    def train_step(self, step, want_loss, clock=None):
+        if clock is not None:  # a timed step (the warmup's have no clock)
+            seen.append((alive[0]() is None, gc.get_freeze_count()))
+    monkeypatch.setattr(tg.Compilation, "timed_run_starts", timed_run_starts)
+    monkeypatch.setattr(tg.Trainer, "train_step", train_step)
+    monkeypatch.setattr(tg.Trainer, "validate", lambda *a, **k: 0.0)
     monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: None)
-    monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
     gc.unfreeze()
     try:
-        tg.timed_loop(tr, lambda *a, **k: None, 0, 0.0, tmp_path, resumed=False)
+        tg.main(_smoke_argv(smoke_data, tmp_path, "gc", "--val-every", "0", *TWO_LAYER_FLAGS))
     finally:
         frozen_after = gc.get_freeze_count()
         gc.unfreeze()
-    assert len(seen) == hp.total_steps
+    assert len(seen) == tg.smoke_hyperparameters().total_steps
     assert seen[0][0], "garbage made before the loop was still alive at the first timed step"
     assert seen[0][1] > 0, "nothing was frozen when the clock started"
     assert frozen_after == 0, "the loop left objects frozen"
@@ -451,6 +461,7 @@ def test_train_step_waits_for_the_previous_step_once_its_first_micro_batch_is_qu
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
     tr, Event = clock_journal(monkeypatch, hp)
     clock = run_log.StepClock(torch.device("cpu"), event=Event)
+    clock.start()
     assert tr.train_step(0, True, clock=clock) is None and tr.train_step(1, True, clock=clock) is None
     clock.wait()
     kinds = [k for k, _ in Event.journal]
@@ -470,25 +481,24 @@ def test_timed_loop_logs_each_step_once_the_device_finished_it(smoke_data, tmp_p
     stop before a validation): the lines still come in step order, the validation line of step k right after
     step k's line, with the same train losses as the CPU's clock (a step finished when train_step returns), one
     step time per step, and times that never go back."""
-    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), scheduled_steps=4, extension_steps=1,
-                                  val_every=2, **TWO_LAYERS)
+    flags = ("--steps", "4", "--extension-steps", "1", "--val-every", "2", *TWO_LAYER_FLAGS)
+    hp = _flags(["--smoke", *flags])[1]
     assert hp.log_train_loss and hp.total_steps > 2 * hp.val_every
     assert [end - start for start, end, _ in tg.stage_bounds(hp)] == [2, 2, 1]
+    monkeypatch.setattr(tg.Trainer, "validate", lambda *a, **k: 0.0)
 
     def run(event):
-        tr, _ = clock_journal(monkeypatch, hp)
-        ckpt = tmp_path / ("events" if event else "cpu")
-        monkeypatch.setattr(tg, "StepClock", lambda device: run_log.StepClock(device, event=event))
-        monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
-        lines = []
-        _, stage_ms = tg.timed_loop(tr, lambda line, **k: lines.append(line), 0, 0.0, ckpt, resumed=False)
-        return lines, stage_ms
+        run_id = "events" if event else "cpu"
+        monkeypatch.setattr(tg, "StepClock", lambda device, ms: run_log.StepClock(device, ms, event=event))
+        footer = []
+        monkeypatch.setattr(tg, "log_summary", lambda log, d, tokens, ms, stage_ms, weights: footer.append(stage_ms))
+        log_path, _ = tg.main(_smoke_argv(smoke_data, tmp_path, run_id, *flags))
+        return [line for line in Path(log_path).read_text().splitlines() if line.startswith("step:")], footer[0]
 
     from test_run_log import FakeEvent
     lines, stage_ms = run(FakeEvent)
     cpu_lines, _ = run(None)
-    steps = [re.match(r"step:(\d+)/(\d+) (\w+):", line).groups() for line in lines if line.startswith("step:")]
+    steps = [re.match(r"step:(\d+)/(\d+) (\w+):", line).groups() for line in lines]
     T = hp.total_steps
     expected = [("0", str(T), "val_loss")]
     for k in range(1, T + 1):
@@ -1005,10 +1015,10 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     a = tg.Optimizer(hp, pa, dev)
     _feed(a, pa, grads[0], pa)
     a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
-    path = tg.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
+    path = checkpoints.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
     pb = _perturbed_params(hp, seed=4, device=device)  # other values: everything must come from the checkpoint
     b = tg.Optimizer(hp, pb, dev)
-    tg.load_checkpoint(path, pb, b, dev)
+    checkpoints.load_checkpoint(path, pb, b, dev)
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
     for opt, params in ((a, pa), (b, pb)):
         _feed(opt, params, grads[1], params)
@@ -1420,7 +1430,7 @@ def test_first_run_without_shards_trains_on_the_repositorys_text(tmp_path, monke
     first, last = float(vals[0]), float(vals[10])
     assert abs(first - math.log(384)) < 0.5, first
     assert last < first - 1.0, (first, last)
-    hp = tg.smoke_corpus(tg.smoke_hyperparameters(), tg.parse_args(["--smoke"]), tg.Dist())
+    hp = cli.smoke_corpus(tg.smoke_hyperparameters(), _flags(["--smoke"])[0], tg.Dist())
     assert capsys.readouterr().out == said.format("read from")
     assert (hp.train_files, hp.val_files) == ("data/smoke/smoke_train_*.bin", "data/smoke/smoke_val_*.bin")
 
@@ -1546,8 +1556,8 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
 @on_smoke_run
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
-    with pytest.raises(tg.CheckpointError, match="written by 1 ranks, this run has 2"):
-        tg.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
+    with pytest.raises(checkpoints.CheckpointError, match="written by 1 ranks, this run has 2"):
+        checkpoints.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
 
 
 @on_smoke_run
@@ -1607,9 +1617,8 @@ def test_help_lists_every_hyperparameter_with_its_comment(script_main, capsys, m
 
 
 def test_generated_flags_set_their_fields():
-    args = tg.parse_args(["--muon-warmup-steps", "7", "--adam-lr", "0.5", "--no-compile", "--log-train-loss",
+    _, hp = _flags(["--muon-warmup-steps", "7", "--adam-lr", "0.5", "--no-compile", "--log-train-loss",
                           "--ve-tables", "1,-1,0", "--no-attn-layers", "", "--param-dtype", "float32"])
-    hp = tg.hyperparameters_from(args)
     assert (hp.muon_warmup_steps, hp.adam_lr, hp.compile, hp.log_train_loss) == (7, 0.5, False, True)
     assert (hp.ve_tables, hp.no_attn_layers, hp.param_dtype) == ((1, -1, 0), (), "float32")
     assert type(hp.muon_warmup_steps) is int and type(hp.adam_lr) is float
@@ -1619,8 +1628,8 @@ def test_generated_flags_set_their_fields():
     default = tg.Hyperparameters()
     assert all(getattr(hp, k) == getattr(default, k) for k in untouched)
     # the short names of the README and the records
-    hp = tg.hyperparameters_from(tg.parse_args(["--smoke", "--steps", "12", "--train-loss", "--seed", "3",
-                                                "--extension-steps", "1", "--val-every", "2"]))
+    _, hp = _flags(["--smoke", "--steps", "12", "--train-loss", "--seed", "3", "--extension-steps", "1",
+                    "--val-every", "2"])
     smoke = tg.smoke_hyperparameters()
     assert (hp.scheduled_steps, hp.log_train_loss, hp.seed, hp.extension_steps, hp.val_every) == (12, True, 3, 1, 2)
     assert (hp.num_layers, hp.stages) == (smoke.num_layers, smoke.stages)
@@ -1653,7 +1662,7 @@ def test_smoke_log_holds_the_logged_sources(smoke_run):
     assert logged == sorted(logged) and set(logged) <= set(run_log.logged_sources())
     assert {"train_gpt.py", "kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py",
             "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py",
-            "compilation.py", "evaluation.py", "profiling.py", "run_log.py"} <= set(logged)
+            "checkpoints.py", "cli.py", "compilation.py", "evaluation.py", "profiling.py", "run_log.py"} <= set(logged)
     assert "def bench_cases" not in text
 
 
@@ -1700,7 +1709,7 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
     """Off by default (opt-in); --ce-grad-in-forward turns it on; the log's lm_head_matmul line names the CE path on
     CUDA (the CPU runs the CE reference, whatever the flag)."""
     assert tg.Hyperparameters().ce_grad_in_forward is False
-    assert tg.hyperparameters_from(tg.parse_args(["--smoke", "--ce-grad-in-forward"])).ce_grad_in_forward is True
+    assert _flags(["--smoke", "--ce-grad-in-forward"])[1].ce_grad_in_forward is True
     on, off = (tg.build_fns(tg.smoke_hyperparameters(ce_grad_in_forward=f), torch.device(device), compile_model=False)
                for f in (True, False))
     if device == "cuda":
