@@ -470,6 +470,7 @@ class Param:
     matrix: bool = False  # stored in hp.param_dtype (bf16) with an fp32 master in the optimizer; else fp32
     region: bool = True  # read inside the compiled region (False: by the eager embedding lookups before it)
     proj: bool = False  # Muon: its odd matrices are W_proj^T, whose lr is mlp_proj_lr_mul times the others'
+    tied_to: str = None  # until the untie, that row's transpose: its gradient is added there, its value copied back
 
 
 # Every parameter, in reduce order: small Adam tensors first, then the big ones whose update waits longest
@@ -489,7 +490,8 @@ PARAMS = {
     "lm_head":        Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
     "value_embeds":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
     "bigram_embed":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
+    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False,
+                            tied_to="lm_head"),
     "attn_bank":      Param(optim="muon", matrix=True),
     "mlp_bank":       Param(optim="muon", matrix=True, proj=True),
 }
@@ -1162,7 +1164,8 @@ class StepKernels(NamedTuple):
 
 class Group:
     """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded) and this rank's optimizer
-    shard. slow: stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
+    shard, rows lo .. lo + shard_rows. slow: an Adam row stepped only at slow Adam steps, on the gradients summed
+    since its last update."""
 
     def __init__(self, name, param, d):
         self.name, self.param, self.spec = name, param, PARAMS[name]
@@ -1170,20 +1173,20 @@ class Group:
         self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
         self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
-        self.k = self.rows_pad // d.world
-        self.lo = d.rank * self.k
+        self.shard_rows = self.rows_pad // d.world
+        self.lo = d.rank * self.shard_rows
         # My rows are the whole parameter (world size 1): a parameter with a master (bf16 matrices, the banks) is
         # updated in place by the kernels (sync_shard_param).
-        self.in_place = self.k == self.rows and (self.muon or param.dtype != torch.float32)
+        self.in_place = self.shard_rows == self.rows and (self.muon or param.dtype != torch.float32)
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
                          torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
         self.reset_state()
 
     def shard_of(self, full):
-        """My rows of a full (unpadded) tensor, zero-padded to k rows, fp32."""
-        out = torch.zeros((self.k, *full.shape[1:]), dtype=torch.float32, device=full.device)
-        hi = min(self.lo + self.k, self.rows)
+        """My rows of a full (unpadded) tensor, zero-padded to shard_rows rows, fp32."""
+        out = torch.zeros((self.shard_rows, *full.shape[1:]), dtype=torch.float32, device=full.device)
+        hi = min(self.lo + self.shard_rows, self.rows)
         if hi > self.lo:
             out[:hi - self.lo] = full[self.lo:hi].float()
         return out
@@ -1196,8 +1199,8 @@ class Group:
         if self.muon:
             M, N = p.shape[1:]
             self.mom = torch.zeros_like(self.master)
-            self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
-                                  device=p.device)
+            self.v2 = torch.zeros((self.shard_rows, M, 1) if M >= N else (self.shard_rows, 1, N),
+                                  dtype=torch.float32, device=p.device)
         else:
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
@@ -1215,42 +1218,61 @@ class Group:
         return {k: getattr(self, k) for k in keys}
 
 
+class StepPlan(NamedTuple):
+    """What the optimizer does at one step: a function of the step number and the tables (step_plan)."""
+    tied: bool  # a PARAMS row with tied_to is its partner's transpose (before untie_step)
+    groups: tuple  # the rows that step, in PARAMS order: the slow Adam rows only at a slow Adam step
+    early: frozenset  # the rows whose reduce-scatter the last backward starts once their gradient is complete
+
+
+def step_plan(hp, step, embed_accs=False):
+    """The StepPlan of training step ``step``. While tied, a tied row's gradient goes to its partner, so its own
+    reduce-scatter never starts, and the partner's waits for both gradients. embed_accs (ModelFns.embed_accs): the
+    embedding lookups add the tables' gradients (PARAMS' rows outside the region) into their accumulators, complete
+    only after the backward, so their reduce-scatters (and a tied partner's) start in Optimizer.step instead."""
+    slow = slow_adam_step(hp, step)
+    tied = step < untie_step(hp)
+    groups = tuple(n for n, p in PARAMS.items() if slow or p.optim == "muon" or not p.slow)
+    late = {n for n, p in PARAMS.items() if embed_accs and not p.region}
+    if tied:
+        late |= {n for n, p in PARAMS.items() if p.tied_to} | {p.tied_to for n, p in PARAMS.items() if n in late}
+    return StepPlan(tied, groups, frozenset(groups) - late)
+
+
+class LastBackward(NamedTuple):
+    """The runtime state of a step's last backward: its plan, the reduce-scatters its gradient hooks started
+    (name -> (work, shard)) and the tied rows whose gradients are complete."""
+    plan: StepPlan
+    started: dict
+    complete: set
+
+
 class Optimizer:
     """Sharded NorMuon (the banks) and AdamW (the rest) over the parameters of PARAMS, one Group each.
 
     Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
-    accumulator), before_last_backward(slow) ahead of the last one (due reduce-scatters then start during it),
-    then step(). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives the
-    embedding its own state; state_dict / load_state_dict hold this rank's shards.
+    accumulator), last_backward(plan) ahead of the last one (the plan's early reduce-scatters then start during it),
+    then step(plan). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives a
+    tied row (PARAMS' tied_to) its own state; state_dict / load_state_dict hold this rank's shards.
     With hp.embed_grad_to_acc (CUDA) the embedding lookups are given embedding_accs(): their backward adds
     straight into these groups' accumulators (bitwise what the hooks' fold of the dense gradient gives) and leaves
-    their .grad None, so their hooks find nothing; step() starts their reduce-scatters (and while tied the head's,
-    after folding the embedding's accumulator into it), as for any group the backward did not start."""
+    their .grad None, so their hooks find nothing; step() starts their reduce-scatters."""
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
-        self.k = StepKernels.on(d.device)
+        self.kernels = StepKernels.on(d.device)
         self.groups = {n: Group(n, params[n], d) for n in PARAMS}
+        self.tie = next((n, p.tied_to) for n, p in PARAMS.items() if p.tied_to)  # (the tied row, its partner)
         self._embedding_accs = None  # embedding_accs(), made on first use
-        self.tied = True
-        self.pending = False  # the slow groups' accumulators hold gradients of skipped steps
-        # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
-        # each group's reduce-scatter starts as soon as its gradient is complete (hook below); step() starts
-        # the others. launched: name -> (work, shard); tied_final: which of embed / lm_head are complete.
-        self.final, self.launched, self.tied_final = None, {}, set()
+        self.tied = True  # the tied row has no optimizer state of its own (untie() gives it one)
+        self.pending = False  # the slow groups' accumulators hold the gradients of steps they skipped
+        self.last = None  # LastBackward during a step's last backward, until step()
         for g in self.groups.values():
             g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
         for g in self.groups.values():
             if g.muon:  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
-                idx = torch.arange(g.lo, g.lo + g.k, device=d.device)
+                idx = torch.arange(g.lo, g.lo + g.shard_rows, device=d.device)
                 g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
-
-    @torch.no_grad()
-    def accumulate(self):
-        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
-        gradients set by hand (tests); in a backward the hook below has done this already."""
-        for g in self.groups.values():
-            self._fold(g)
 
     def embedding_accs(self):
         """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
@@ -1266,6 +1288,13 @@ class Optimizer:
                 "bigram_embed": g["bigram_embed"].acc[:g["bigram_embed"].rows]}
         return self._embedding_accs
 
+    @torch.no_grad()
+    def accumulate(self):
+        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
+        gradients set by hand (tests); in a backward the hook below has done this already."""
+        for g in self.groups.values():
+            self._fold(g)
+
     @staticmethod
     def _fold(g):
         """acc += grad and free the gradient; False when the parameter holds none."""
@@ -1275,80 +1304,83 @@ class Optimizer:
         g.param.grad = None
         return True
 
+    def _fold_tied(self):
+        """Add the tied row's accumulated gradient, transposed, into its partner's."""
+        tied, partner = (self.groups[n] for n in self.tie)
+        self.kernels.transpose_add(tied.acc[:tied.rows], partner.acc[:partner.rows])
+
     @torch.no_grad()
     def _grad_ready(self, g):
-        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it
-        into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
-        reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
-        gradients (the embedding's is added to it first, as step() would). A table whose lookups added into its
-        accumulator (embedding_accs) has no gradient here: nothing to do, step() starts its reduce-scatter, and
-        while tied the head's (tied_final never holds "embed")."""
-        if not self._fold(g):
+        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it into
+        the fp32 accumulator (as accumulate does). In the last backward, the group's reduce-scatter starts if the
+        plan has it early; while tied, the partner's waits for both gradients (the tied row's added to it first). A
+        table whose lookups added into its accumulator (embedding_accs) has no gradient here: nothing to do."""
+        if not self._fold(g) or self.last is None:
             return
-        if self.final is None or (g.slow and not self.final):
-            return
-        if self.tied and g.name in ("embed", "lm_head"):
-            self.tied_final.add(g.name)
-            if len(self.tied_final) < 2:
+        plan, started, complete = self.last
+        if plan.tied and g.name in self.tie:
+            complete.add(g.name)
+            if len(complete) < 2 or self.tie[1] not in plan.early:
                 return
-            head, emb = self.groups["lm_head"], self.groups["embed"]
-            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
-            g = head
-        self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
+            self._fold_tied()
+            g = self.groups[self.tie[1]]
+        elif g.name not in plan.early:
+            return
+        started[g.name] = reduce_scatter_sum(self.d, g.acc)
 
-    def before_last_backward(self, slow):
-        """Call before the backward of a step's last micro-step: during it, each group whose gradient is then
-        complete starts its reduce-scatter (the slow groups only when ``slow``: their step is due)."""
-        self.final = slow
+    def last_backward(self, plan):
+        """Call before the backward of a step's last micro-step: during it, the plan's early reduce-scatters start
+        as their gradients complete."""
+        self.last = LastBackward(plan, {}, set())
 
     def reset(self):
         self.tied = True
         self.pending = False
-        self.final, self.launched = None, {}
-        self.tied_final.clear()
+        self.last = None
         for g in self.groups.values():
             g.acc.zero_()
             g.reset_state()
 
     def untie(self):
-        """Give the embedding the LM head's (transposed) Adam state, then update both separately."""
-        head, emb = self.groups["lm_head"], self.groups["embed"]
-        if self.pending:  # gradients of skipped tied steps: fold the embedding's into the head's, as a tied step does
-            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
-            emb.acc.zero_()
+        """Give the tied row its partner's (transposed) Adam state, then update both separately."""
+        tied, partner = (self.groups[n] for n in self.tie)
+        if self.pending:  # gradients of skipped tied steps: fold the tied row's into its partner's, as a tied step does
+            self._fold_tied()
+            tied.acc.zero_()
         full = {}
         for key in ("master", "exp_avg", "exp_avg_sq"):
-            buf = torch.empty((head.rows_pad, *head.param.shape[1:]), dtype=torch.float32, device=self.d.device)
-            work = all_gather_rows(self.d, getattr(head, key), buf)
+            buf = torch.empty((partner.rows_pad, *partner.param.shape[1:]), dtype=torch.float32, device=self.d.device)
+            work = all_gather_rows(self.d, getattr(partner, key), buf)
             if work is not None:
                 work.wait()
-            full[key] = buf[:head.rows].T
+            full[key] = buf[:partner.rows].T
         for key, t in full.items():
-            setattr(emb, key, emb.shard_of(t))
-        emb.sync_shard_param()
-        emb.step = head.step
+            setattr(tied, key, tied.shard_of(t))
+        tied.sync_shard_param()
+        tied.step = partner.step
         self.tied = False
 
     @torch.no_grad()
-    def step(self, step, lr_mul, momentum, slow=True):
-        """One optimizer step on the accumulated gradients. slow=False leaves the slow Adam groups alone: their
-        accumulators keep summing until the next step with slow=True, which updates them at its lr (the summed
-        gradient is not averaged, as in the public record). Order: the reduce-scatters the last backward did not
-        start are started in PARAMS order; the Adam groups' updates wait for all Adam reduce-scatters and run as one
-        fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
+    def step(self, plan, lr_mul, momentum):
+        """One optimizer step on the accumulated gradients of plan.groups; the slow Adam groups the plan leaves
+        out keep summing until a step that has them, which updates them at its lr (the summed gradient is not
+        averaged, as in the public record). Order: the reduce-scatters the last backward did not start are started
+        in PARAMS order (while tied, the partner's after the tied row's gradient is added to it); the Adam groups'
+        updates wait for all Adam reduce-scatters and run as one fused_adamw_multi_step call, then their all-gathers
+        start while Muon works on the banks."""
         d = self.d
-        names = [n for n, g in self.groups.items() if slow or not g.slow]  # in PARAMS order
-        if self.final is not None and self.final != slow:
-            raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
-        if slow and self.tied and "lm_head" not in self.launched:
-            self.k.transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
-                          self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
-        for name in names:  # the reduce-scatters the backward did not start, in PARAMS order
-            if name not in self.launched and not (name == "embed" and self.tied):
-                self.launched[name] = reduce_scatter_sum(d, self.groups[name].acc)
-        launched = [(self.groups[n], *self.launched[n]) for n in names if n in self.launched]
-        self.final, self.launched = None, {}
-        self.tied_final.clear()
+        if plan.tied != self.tied or (self.last is not None and self.last.plan != plan):
+            raise RuntimeError(f"Optimizer.step: the plan (tied={plan.tied}) is not the optimizer's (tied="
+                               f"{self.tied}) or its last backward's")
+        started = {} if self.last is None else self.last.started
+        self.last = None
+        tied, partner = self.tie
+        if plan.tied and partner in plan.groups and partner not in started:
+            self._fold_tied()
+        for name in plan.groups:  # the reduce-scatters the backward did not start, in PARAMS order
+            if name not in started and not (plan.tied and name == tied):
+                started[name] = reduce_scatter_sum(d, self.groups[name].acc)
+        launched = [(self.groups[n], *started[n]) for n in plan.groups if n in started]
         adam = []
         for g, work, grad in launched:
             if not g.muon:
@@ -1368,11 +1400,11 @@ class Optimizer:
                 work.wait()
             if g.gathered is not g.param.data:
                 g.param.data.copy_(g.gathered[:g.rows])
-            if g.name == "lm_head" and self.tied:
-                self.k.transpose_copy(g.param.data, self.groups["embed"].param.data)
-        for name in names:
+            if plan.tied and g.name == partner:
+                self.kernels.transpose_copy(g.param.data, self.groups[tied].param.data)
+        for name in plan.groups:
             self.groups[name].acc.zero_()
-        self.pending = not slow
+        self.pending = any(g.slow and n not in plan.groups for n, g in self.groups.items())
 
     def _adam(self, items, lr_mul):
         """All Adam groups of this step in one fused_adamw_multi_step call (one launch per dtype group: fp32
@@ -1394,18 +1426,18 @@ class Optimizer:
             if fp32:
                 g.shard_param = g.master
         if params:  # the record's cautious decay: only where the step already shrinks the parameter
-            self.k.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
+            self.kernels.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
 
     def _muon(self, g, grad, lr_mul, momentum):
         hp = self.hp
         M, N = g.param.shape[1:]
-        x = self.k.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
-        o = self.k.polar(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
+        x = self.kernels.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
+        o = self.kernels.polar(x, normalized=True)  # (shard_rows, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
         # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
         # the cast to the parameter dtype, fused (kernels.normuon).
-        self.k.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
-                       wd=hp.muon_wd * hp.muon_lr * lr_mul)
+        self.kernels.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+                             wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
         """Per rank. Between two slow Adam steps (pending) the slow groups' accumulators (this rank's unreduced
@@ -1614,15 +1646,15 @@ class Trainer:
         want_loss, else None. clock: a run_log.StepClock (the timed loop's): the host waits for the previous step
         once this step's first micro-batch is queued, the loss goes to the clock, and None is returned."""
         hp = self.hp
-        if step == untie_step(hp) and self.opt.tied:
+        plan = step_plan(hp, step, self.fns.embed_accs)
+        if self.opt.tied and not plan.tied:  # the first untied step: the embedding gets its own optimizer state
             self.opt.untie()
         windows = windows_at(hp, step)
         total = None
-        slow = slow_adam_step(hp, step)
         mbs = self.loader.next()
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
-                self.opt.before_last_backward(slow)
+                self.opt.last_backward(plan)
             # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
             accs = self.opt.embedding_accs() if self.fns.embed_accs else None
             loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
@@ -1634,7 +1666,7 @@ class Trainer:
             if i == 0 and clock is not None:
                 clock.wait()  # the previous step's end, while the device runs this first micro-batch
         with torch.profiler.record_function("optimizer_step"):  # a named GPU range in --profile-steps traces
-            self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
+            self.opt.step(plan, lr_factor(hp, step), muon_momentum(hp, step))
         if want_loss and self.d.world > 1:
             dist.all_reduce(total)
         if clock is not None:
@@ -1687,11 +1719,13 @@ def warmup(trainer, log=None):
         steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
         for t in steps:  # the first stage also steps once with and once without the slow Adam groups
             timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
-    if trainer.opt.tied:  # a slow step: the untied Adam update (the embedding its own tensor) runs once too
-        last = next(s for s in range(stage_bounds(hp)[-1][0], hp.total_steps) if slow_adam_step(hp, s))
+    # An untied slow step (the last stage's first, or the first after the untie): the untie and the untied Adam
+    # update (the embedding its own tensor) run once too.
+    start = max(untie_step(hp), stage_bounds(hp)[-1][0])
+    last = next((s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
+    if trainer.opt.tied and last is not None:
         trainer.loader.rewind(last)
-        timed(f"untie + untied step {last}",
-              lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
+        timed(f"untie + untied step {last}", lambda: trainer.train_step(last, want_loss=False))
     timed(f"validation T={hp.val_micro_tokens}",
           lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches

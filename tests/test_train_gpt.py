@@ -574,7 +574,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
 
     def capture(*args, **kwargs):
         accs.update({k: g.acc[:g.rows].clone() for k, g in tr.opt.groups.items()})
-        started.update(tr.opt.launched)
+        started.update(tr.opt.last.started)
         return step(*args, **kwargs)
 
     tr.opt.step = capture
@@ -658,7 +658,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
             loss.backward()
             opt.accumulate()
         accs = {k: g.acc.clone() for k, g in opt.groups.items()}
-        opt.step(0, 1.0, 0.9)
+        opt.step(tg.step_plan(hp, 0), 1.0, 0.9)
         runs.append((params, accs))
     (p2, acc2), (p1, acc1) = runs
     for k in acc1:
@@ -745,6 +745,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     params = _perturbed_params(hp, seed=21, device=device)
     opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     opt.untie()  # embed and lm_head step separately (tied, the head would take the embedding's gradient)
+    untied = tg.step_plan(hp, 0)._replace(tied=False)
     gen = torch.Generator().manual_seed(22)
     spec = {}
     for k, (lr_mul, (b1, b2), wd_mul) in RECORD_ADAM.items():
@@ -756,7 +757,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
         for k, g in grads.items():
             params[k].grad = g.to(device)
         opt.accumulate()
-        opt.step(t - 1, factor, 0.9, slow=True)
+        opt.step(untied, factor, 0.9)
         for k, s in spec.items():
             g = grads[k].double()
             lr = hp.adam_lr * s["lr_mul"] * factor
@@ -793,6 +794,28 @@ def test_slow_adam_schedule():
     assert {n for n, g in groups.items() if g.muon} == {"attn_bank", "mlp_bank"}
 
 
+def test_step_plan_follows_the_schedule_and_the_parameter_table():
+    """The optimizer's plan of a step for the speedrun's schedule (adam_every=2; the untie after the first slow
+    Adam step of stage 2, record #74's odd step 967): the Muon banks step every step, the Adam rows at the odd
+    steps, in PARAMS order; the head is tied up to step 967; in the last backward every row that steps starts its
+    reduce-scatter but the embedding while tied (its gradient goes into the head's), and with the accumulate mode
+    (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the head (it waits for the embedding's)."""
+    hp = tg.Hyperparameters()
+    muon = {"attn_bank", "mlp_bank"}
+    adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
+    tables = {"embed", "value_embeds", "bigram_embed"}
+    for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
+                             (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
+        for accs in (False, True):
+            plan = tg.step_plan(hp, step, accs)
+            assert plan.tied == tied, (step, accs)
+            assert set(plan.groups) == muon | (adam if slow else set()), (step, accs)
+            assert list(plan.groups) == [n for n in tg.PARAMS if n in plan.groups]
+            late = (tables if accs else set()) | (({"embed"} | ({"lm_head"} if accs else set())) if tied else set())
+            assert plan.early == set(plan.groups) - late, (step, accs)
+
+
 def _feed(opt, params, grads, names):
     for k in names:
         params[k].grad = grads[k].clone()
@@ -820,7 +843,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     start = {k: v.detach().clone() for k, v in pa.items()}
     _feed(a, pa, g0, pa)
-    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
     assert a.pending
     for k in slow:
         assert torch.equal(pa[k], start[k]), f"{k} moved at a skipped step"
@@ -831,7 +854,8 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     if untie:
         a.untie()
     _feed(a, pa, g1, pa)
-    a.step(1, 1.3, 0.9, slow=tg.slow_adam_step(hp, 1))
+    plan = tg.step_plan(hp, 1)._replace(tied=not untie)
+    a.step(plan, 1.3, 0.9)
     assert not a.pending
 
     summed = {k: g0[k] + g1[k] for k in slow}
@@ -840,7 +864,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         summed["embed"] = g1["embed"].clone()
         b.untie()
     _feed(b, pb, summed, slow)
-    b.step(1, 1.3, 0.9, slow=True)
+    b.step(plan, 1.3, 0.9)
     for k in slow:
         assert torch.equal(pa[k], pb[k]), f"{k} differs from one step on the summed gradient"
         for key, t in a.groups[k].state_tensors().items():
@@ -881,7 +905,7 @@ def test_world_size_1_updates_the_parameters_in_place(device):
                  for k, v in pa.items()}
         for opt, params in ((a, pa), (b, pb)):
             _feed(opt, params, grads, params)
-            opt.step(step, 1.0, 0.9, slow=tg.slow_adam_step(hp, step))
+            opt.step(tg.step_plan(hp, step)._replace(tied=step < 2), 1.0, 0.9)
         for n, g in a.groups.items():
             assert torch.equal(pa[n], pb[n]), f"{n} after step {step}"
             for key, t in g.state_tensors().items():
@@ -897,7 +921,7 @@ def test_embedding_accs_stay_the_accumulators(device):
     """Optimizer.embedding_accs() is made once and reused every micro-step, so its views must keep pointing at
     the accumulators themselves through reset(), untie(), a step and load_state_dict() (which copies into them):
     an accumulator replaced by a new tensor would leave the lookups adding into a stale buffer."""
-    hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0))
+    hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0), adam_every=2)
     params = tg.init_params(hp, torch.device(device), seed=0)
     opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     accs = opt.embedding_accs()
@@ -918,21 +942,21 @@ def test_embedding_accs_stay_the_accumulators(device):
         assert g["embed"].acc[3].eq(1.0).all(), when
         assert g["value_embeds"].acc[(hp.num_ve - 1) * hp.vocab_size + 5].eq(2.0).all(), when
 
-    def step(slow):
+    def step(plan):
         for p in params.values():
             p.grad = torch.ones_like(p)
         opt.accumulate()
-        opt.step(0, 1.0, 0.9, slow=slow)
+        opt.step(plan, 1.0, 0.9)
 
     check("new")
-    step(slow=False)  # the slow groups' accumulators pending: part of the state
+    step(tg.step_plan(hp, 0))  # no slow Adam step: their accumulators pending, part of the state
     sd = opt.state_dict()
     assert set(sd["acc"]) >= {"embed", "value_embeds", "bigram_embed"}
     opt.reset()
     check("after reset")
     opt.untie()
     check("after untie")
-    step(slow=True)
+    step(tg.step_plan(hp, 1)._replace(tied=False))
     check("after a step")
     opt.load_state_dict(sd)
     check("after load_state_dict")
@@ -945,12 +969,15 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     gradients folded by the hooks give. Both trainers use kernels.embedding.embedding (on the CPU: the Triton
     interpreter; the CPU trainer's own torch lookup has no accumulate mode, so build_fns leaves the flag off
     there), bf16 tables, two value-embedding tables (views of one parameter and one accumulator), and two of each
-    step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: step 0
-    leaves the tables' accumulators pending, step 1 reduces and updates them, while tied (the head's
-    reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or after untie()."""
+    step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: the first
+    step leaves the tables' accumulators pending, the second reduces and updates them, while tied (steps 0 and 1:
+    the head's reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or untied
+    (--untie-stage 0: steps 2 and 3, the first of which unties)."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2,
-                                  ve_tables=(0, 1, -1, 0))
+                                  ve_tables=(0, 1, -1, 0), untie_stage=1 if tied else 0)
+    steps = (0, 1) if tied else (2, 3)
+    assert tg.untie_step(hp) == (6 if tied else 2) and [tg.slow_adam_step(hp, s) for s in steps] == [False, True]
     tables = {"embed", "value_embeds", "bigram_embed"}
 
     def same_bits(a, b):  # bitwise, -0.0 and NaN payloads included
@@ -966,22 +993,22 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
         next_step = tr.loader.next
         tr.loader.next = lambda next_step=next_step: next_step()[:2]
-        if not tied:
-            tr.opt.untie()
+        tr.loader.rewind(steps[0])
         started = []
         step = tr.opt.step
 
         def capture(*args, tr=tr, step=step, started=started, **kwargs):
-            started.append(set(tr.opt.launched))
+            started.append(set(tr.opt.last.started))
             assert all(tr.params[k].grad is None for k in tables)
             return step(*args, **kwargs)
 
         tr.opt.step = capture
         trainers.append((tr, started))
     (off, started_off), (on, started_on) = trainers
-    for step in (0, 1):
+    for step in steps:
         for tr, _ in trainers:
             tr.train_step(step, want_loss=False)
+            assert tr.opt.tied == tied
         for name, g in off.opt.groups.items():
             h = on.opt.groups[name]
             assert same_bits(on.params[name], off.params[name]), f"step {step}: parameter {name}"
@@ -989,8 +1016,8 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
             for key, t in g.state_tensors().items():
                 assert same_bits(h.state_tensors()[key], t), f"step {step}: {name}.{key}"
             assert g.step == h.step
-        assert on.opt.pending == off.opt.pending == (step == 0)
-        if step == 0:  # the tables' gradients are pending, and nonzero (the test would see a dropped one)
+        assert on.opt.pending == off.opt.pending == (step == steps[0])
+        if step == steps[0]:  # the tables' gradients are pending, and nonzero (the test would see a dropped one)
             assert all(off.opt.groups[k].acc.any() for k in tables)
     for tr, _ in trainers:
         tr.loader.close()
@@ -1014,7 +1041,7 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
              for _ in range(2)]
     a = tg.Optimizer(hp, pa, dev)
     _feed(a, pa, grads[0], pa)
-    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
     path = checkpoints.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
     pb = _perturbed_params(hp, seed=4, device=device)  # other values: everything must come from the checkpoint
     b = tg.Optimizer(hp, pb, dev)
@@ -1022,7 +1049,7 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
     for opt, params in ((a, pa), (b, pb)):
         _feed(opt, params, grads[1], params)
-        opt.step(1, 1.2, 0.9, slow=tg.slow_adam_step(hp, 1))
+        opt.step(tg.step_plan(hp, 1), 1.2, 0.9)
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"{k} differs after resuming between slow Adam steps"
 
