@@ -406,7 +406,6 @@ def check_world_size(world_size):
 class Dist:
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
 
     @property
@@ -428,7 +427,7 @@ def setup_distributed():
             dist.init_process_group(backend="nccl", device_id=device)
         else:
             dist.init_process_group(backend="gloo")
-    return Dist(rank, world, local_rank, device)
+    return Dist(rank, world, device)
 
 
 def reduce_scatter_sum(d, full):
@@ -714,8 +713,8 @@ doc_attention.register_autograd(_doc_attention_backward, setup_context=_doc_atte
 
 def flash_attend(q, k, v, seq, window, scale):
     """q, k, v (T, H, D) -> (T, H, D) (CUDA): doc_attention over seq's documents, window in tokens. FlashAttention
-    takes bf16 and fp16 only: fp32 parameters (--param-dtype float32) take the dense path."""
-    if q.dtype not in (torch.bfloat16, torch.float16):
+    takes bf16 (and fp16) only: fp32 parameters (--param-dtype float32) take the dense path."""
+    if q.dtype != torch.bfloat16:
         return dense_attend(q, k, v, seq, window, scale)
     return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
 
@@ -1061,7 +1060,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
     if device.type == "cuda":  # the CPU runs the CE reference
         head_path += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
                       "; CE forward and backward kernels (--no-ce-grad-in-forward)")
-    fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype in ("bfloat16", "float16")
+    fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
     mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
                 + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
                                                              f"not {device.type} {hp.param_dtype})"))
@@ -1288,22 +1287,6 @@ class Optimizer:
                 "bigram_embed": g["bigram_embed"].acc[:g["bigram_embed"].rows]}
         return self._embedding_accs
 
-    @torch.no_grad()
-    def accumulate(self):
-        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
-        gradients set by hand (tests); in a backward the hook below has done this already."""
-        for g in self.groups.values():
-            self._fold(g)
-
-    @staticmethod
-    def _fold(g):
-        """acc += grad and free the gradient; False when the parameter holds none."""
-        if g.param.grad is None:
-            return False
-        g.acc[:g.rows].add_(g.param.grad)
-        g.param.grad = None
-        return True
-
     def _fold_tied(self):
         """Add the tied row's accumulated gradient, transposed, into its partner's."""
         tied, partner = (self.groups[n] for n in self.tie)
@@ -1312,10 +1295,15 @@ class Optimizer:
     @torch.no_grad()
     def _grad_ready(self, g):
         """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it into
-        the fp32 accumulator (as accumulate does). In the last backward, the group's reduce-scatter starts if the
-        plan has it early; while tied, the partner's waits for both gradients (the tied row's added to it first). A
-        table whose lookups added into its accumulator (embedding_accs) has no gradient here: nothing to do."""
-        if not self._fold(g) or self.last is None:
+        the fp32 accumulator (acc += grad, one rounding of each bf16 partial) and free it. In the last backward, the
+        group's reduce-scatter starts if the plan has it early; while tied, the partner's waits for both gradients
+        (the tied row's added to it first). A table whose lookups added into its accumulator (embedding_accs) has no
+        gradient here: nothing to do."""
+        if g.param.grad is None:
+            return
+        g.acc[:g.rows].add_(g.param.grad)
+        g.param.grad = None
+        if self.last is None:
             return
         plan, started, complete = self.last
         if plan.tied and g.name in self.tie:

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_model import spec_forward
 from tolerances import assert_close_report, assert_matches_torch
 
 import checkpoints
@@ -655,8 +656,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
             prep = tg.prepare_ids(ids[sl].cpu().contiguous(), hp.vocab_size).to(device)
             mb = tg.MicroBatch(ids[sl].contiguous(), targets[sl].contiguous(), prep)
             loss = tg.forward(hp, params, fns, mb, windows, {}, train=False) / halves
-            loss.backward()
-            opt.accumulate()
+            loss.backward()  # the optimizer's hooks fold the gradients into its accumulators
         accs = {k: g.acc.clone() for k, g in opt.groups.items()}
         opt.step(tg.step_plan(hp, 0), 1.0, 0.9)
         runs.append((params, accs))
@@ -754,9 +754,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     shrunk = {}
     for t, factor in ((1, 1.0), (2, 0.7)):
         grads = {k: torch.randn(v.shape, generator=gen) * 1e-2 for k, v in params.items()}
-        for k, g in grads.items():
-            params[k].grad = g.to(device)
-        opt.accumulate()
+        _feed(params, {k: g.to(device) for k, g in grads.items()}, params)
         opt.step(untied, factor, 0.9)
         for k, s in spec.items():
             g = grads[k].double()
@@ -816,10 +814,9 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
             assert plan.early == set(plan.groups) - late, (step, accs)
 
 
-def _feed(opt, params, grads, names):
-    for k in names:
-        params[k].grad = grads[k].clone()
-    opt.accumulate()
+def _feed(params, grads, names):
+    """Gradients given by hand, through autograd: the optimizer's hooks fold them into its accumulators."""
+    torch.autograd.backward([params[k] for k in names], [grads[k].clone() for k in names])
 
 
 @pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
@@ -842,7 +839,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     slow = [k for k, g in a.groups.items() if g.slow]
     assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     start = {k: v.detach().clone() for k, v in pa.items()}
-    _feed(a, pa, g0, pa)
+    _feed(pa, g0, pa)
     a.step(tg.step_plan(hp, 0), 1.0, 0.9)
     assert a.pending
     for k in slow:
@@ -853,7 +850,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         assert not torch.equal(pa[k], start[k]), f"{k} should step every step"
     if untie:
         a.untie()
-    _feed(a, pa, g1, pa)
+    _feed(pa, g1, pa)
     plan = tg.step_plan(hp, 1)._replace(tied=not untie)
     a.step(plan, 1.3, 0.9)
     assert not a.pending
@@ -863,7 +860,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         summed["lm_head"] = (g0["lm_head"] + g0["embed"].T) + g1["lm_head"]
         summed["embed"] = g1["embed"].clone()
         b.untie()
-    _feed(b, pb, summed, slow)
+    _feed(pb, summed, slow)
     b.step(plan, 1.3, 0.9)
     for k in slow:
         assert torch.equal(pa[k], pb[k]), f"{k} differs from one step on the summed gradient"
@@ -904,7 +901,7 @@ def test_world_size_1_updates_the_parameters_in_place(device):
         grads = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device=device, dtype=v.dtype)
                  for k, v in pa.items()}
         for opt, params in ((a, pa), (b, pb)):
-            _feed(opt, params, grads, params)
+            _feed(params, grads, params)
             opt.step(tg.step_plan(hp, step)._replace(tied=step < 2), 1.0, 0.9)
         for n, g in a.groups.items():
             assert torch.equal(pa[n], pb[n]), f"{n} after step {step}"
@@ -943,9 +940,7 @@ def test_embedding_accs_stay_the_accumulators(device):
         assert g["value_embeds"].acc[(hp.num_ve - 1) * hp.vocab_size + 5].eq(2.0).all(), when
 
     def step(plan):
-        for p in params.values():
-            p.grad = torch.ones_like(p)
-        opt.accumulate()
+        _feed(params, {k: torch.ones_like(p) for k, p in params.items()}, params)
         opt.step(plan, 1.0, 0.9)
 
     check("new")
@@ -1040,7 +1035,7 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
              for _ in range(2)]
     a = tg.Optimizer(hp, pa, dev)
-    _feed(a, pa, grads[0], pa)
+    _feed(pa, grads[0], pa)
     a.step(tg.step_plan(hp, 0), 1.0, 0.9)
     path = checkpoints.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
     pb = _perturbed_params(hp, seed=4, device=device)  # other values: everything must come from the checkpoint
@@ -1048,7 +1043,7 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     checkpoints.load_checkpoint(path, pb, b, dev)
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
     for opt, params in ((a, pa), (b, pb)):
-        _feed(opt, params, grads[1], params)
+        _feed(params, grads[1], params)
         opt.step(tg.step_plan(hp, 1), 1.2, 0.9)
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"{k} differs after resuming between slow Adam steps"
@@ -1082,87 +1077,16 @@ def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_dat
 # Flat forward vs a plain reference
 
 
-# The record #74 features (tests/test_model.py), all off: the base model _ref_forward describes.
+# The record #74 features (tests/test_model.py), all off: the base model.
 NO_FEATURES = {f: False for f in ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout",
                                   "fp8_head", "attn_lambdas")}
 
 
-def _ref_forward(hp, P, ids, window_tokens):
-    """Straightforward per-layer GPT in the dtype of P (float64 for the reference), SDPA with explicit mask."""
-    T, C, H, D = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim
-    L, V = hp.num_layers, hp.vocab_size
-    norm = lambda x: x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps)
-    dt = P["embed"].dtype
-    doc = torch.zeros(T, dtype=torch.long)
-    doc[0] = int(ids[0] == hp.bos_id)
-    for t in range(1, T):
-        doc[t] = doc[t - 1] + int(ids[t] == hp.bos_id)
-    pos = torch.arange(T)
-    freq = (1 / 1024) ** torch.linspace(0, 1, D // 4, dtype=torch.float64)
-    freq = torch.cat([freq, torch.zeros(D // 4, dtype=torch.float64)])
-    ang = (pos[:, None].double() * freq).to(dt)  # (T, D/2)
-
-    def rope(x):  # x (T, H, D): rotate pairs (i, i + D/2)
-        c, s = ang.cos()[:, None], ang.sin()[:, None]
-        a, b = x[..., :D // 2], x[..., D // 2:]
-        return torch.cat([a * c + b * s, b * c - a * s], -1)
-
-    G = hp.gate_dims
-    skip_l = P["scalars"][2 * len(hp.attn_layers) + 2]
-    resid, post, x0l = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"]
-    x0 = norm(P["embed"][ids.long()])
-    ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
-    attn_layers = hp.attn_layers
-    lane0, lane1, skip = x0, None, None
-    ve_gate_i = 0
-    for i in range(L):
-        if i == hp.parallel_start:
-            lane1 = lane0
-        if i == hp.skip_to:  # U-net skip, gated by the skip lambda and by x0
-            gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0].to(dt))[:, None]
-            lane0 = lane0 + gate * skip
-            if lane1 is not None:
-                lane1 = lane1 + gate * skip
-        if i in attn_layers:
-            a = attn_layers.index(i)
-            Wq, Wk, Wv, Wo = P["attn_bank"][4 * a:4 * a + 4]
-            h = norm(lane0)
-            q, k, v = (h @ Wq.T).view(T, H, D), (h @ Wk.T).view(T, H, D), (h @ Wv.T).view(T, H, D)
-            q, k = rope(norm(q)), rope(norm(k))
-            if hp.ve_tables[i] >= 0:  # gate input: 6 dims of the normed input, 6 of the value embedding
-                ve = ve_tabs[hp.ve_tables[i]][ids.long()]
-                gate = 2 * torch.sigmoid(torch.cat([h[:, :6], ve[:, :6]], 1) @ P["ve_gate"][ve_gate_i].to(dt).T)
-                v = v + gate[..., None] * ve.view(T, H, D)
-                ve_gate_i += 1
-            w = window_tokens[1] if i in hp.long_window_layers else window_tokens[0]
-            mask = torch.zeros(T, T, dtype=torch.bool)
-            for qi in range(T):
-                lo = max(qi - w + 1, 0)
-                mask[qi, lo:qi + 1] = doc[lo:qi + 1] == doc[qi]
-            y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                               attn_mask=mask, scale=hp.attn_scale).transpose(0, 1)
-            y = y * torch.sigmoid(h[:, :G] @ P["attn_gate"][a].to(dt).T)[..., None]
-            out = y.reshape(T, C) @ Wo.T
-            if lane1 is None:  # one lane: the output unweighted, x0 injected after the attention
-                lane0 = resid[i, 0] * lane0 + out + x0l[i] * x0
-            else:
-                lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + x0l[i] * x0,
-                                resid[i, 0] * lane1 + post[i, 0, 1] * out)
-        if i == hp.skip_from:
-            skip = lane0
-        h = norm(lane0 if lane1 is None else lane1)
-        out = torch.relu(h @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
-        lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
-                        None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
-    x = lane0 if lane1 is None else (lane0 + lane1) / 2
-    logits = norm(x) @ P["lm_head"]
-    return hp.softcap * torch.sigmoid((logits + 5) / 7.5)
-
-
 def test_flat_forward_matches_reference(device):
-    """fp32 flat forward vs the reference in float64 (rule 1: at most 2x the reference's own fp32 error).
-    Dense attention on both devices (the FlashAttention op is checked against it separately). The record #74
-    features are off here (the base model); tests/test_model.py checks each of them."""
+    """fp32 flat forward vs the specification (tests/test_model.py's spec_forward) in float64 (rule 1: at most 2x
+    the specification's own fp32 error), and the validation loss. Dense attention on both devices (the
+    FlashAttention op is checked against it separately). The record #74 features are off here (the base model);
+    tests/test_model.py checks each of them."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", **NO_FEATURES)
     params = _perturbed_params(hp, seed=11, device=device)
     ids, targets = _batch(hp, 384, seed=12, n_docs=5)
@@ -1175,9 +1099,8 @@ def test_flat_forward_matches_reference(device):
         ours_loss = tg.forward(hp, params, fns, mb, windows, {}, train=False).cpu()
         P64 = {k: v.detach().cpu().double() for k, v in params.items()}
         P32 = {k: v.detach().cpu().float() for k, v in params.items()}
-        wt = (windows[0] * tg.BLOCK, windows[1] * tg.BLOCK)
-        ref64 = _ref_forward(hp, P64, ids, wt)
-        ref32 = _ref_forward(hp, P32, ids, wt)
+        ref64 = spec_forward(hp, P64, ids, windows)
+        ref32 = spec_forward(hp, P32, ids, windows)
     assert ours.dtype == torch.float32
     assert_matches_torch(ours, ref64, ref32, name="logits")
     loss64 = F.cross_entropy(ref64, targets)
