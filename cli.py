@@ -2,12 +2,12 @@
 
 ``parse_args`` makes one flag per field of train_gpt.py's Hyperparameters (flags.py) next to the run's own flags
 (--run-id, --resume, --sample, ...), and returns the hyperparameters they give. ``check_settings`` checks every
-setting that needs no file before any work starts. ``one_line_errors`` wraps train_gpt.py's main(): a problem with
-the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by rank 0
-only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback); Ctrl-C is one line
-`train_gpt.py: interrupted ...` (in training: where to resume from, ``interrupted_message``) and SystemExit(130).
-This module imports nothing from train_gpt.py: what it needs of it (the dataclass, the smoke config, the checks
-that read the schedule) is passed in.
+setting that needs no file before any work starts; ``smoke_corpus`` and ``fit_to_data`` fit them to the shards.
+``one_line_errors`` wraps train_gpt.py's main(): a problem with the user's settings, data, checkpoint or launch is
+one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and SystemExit(2) on every
+rank (bugs keep their traceback); Ctrl-C is one line `train_gpt.py: interrupted ...` (in training: where to resume
+from, ``interrupted_message``) and SystemExit(130). This module imports nothing from train_gpt.py: what it needs of
+it (the dataclass, the smoke config, the checks that read the schedule) is passed in.
 """
 import contextlib
 import dataclasses
@@ -22,7 +22,7 @@ import torch
 from checkpoints import RESUME_MAY_DIFFER, CheckpointError, check_resume_flags
 from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError
-from data.shards import ShardError
+from data.shards import ShardError, check_token_ids, load_shard
 from data.smoke_corpus import write_smoke_corpus
 from evaluation import GPT2_VOCAB
 from flags import (FLAG_ALIASES, ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, flag_name,
@@ -230,6 +230,28 @@ def smoke_corpus(hp, args, d):
         print(f"no shards match {hp.train_files}: --smoke trains on this repository's *.py and *.md files as bytes "
               f"(vocabulary 384, BOS 256), {'written to' if made else 'read from'} {SMOKE_CORPUS}/", flush=True)
     return dataclasses.replace(hp, train_files=train_files, val_files=val_files)
+
+
+def fit_to_data(hp, train_files, val_files, bos_id=None):
+    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them: ids
+    must lie in GPT-2's vocabulary (the tokenizer of --sample and --hellaswag), vocab_size is the largest id + 1
+    rounded up to 128, and the document separator is bos_id when stated (--bos-id), else read from the data's
+    document structure: a shard is written from a document's start, so the first token of the first training
+    shard is the separator, and the first validation shard must start with the same id. (The largest id is no
+    separator: one stray id above the BOS would take its place.)"""
+    files = list(train_files) + list(val_files)
+    if not hp.vocab_from_data:
+        check_token_ids(files, hp.vocab_size)
+        return hp
+    top = check_token_ids(files, GPT2_VOCAB, f"GPT-2's vocabulary of {GPT2_VOCAB} ids (--vocab-from-data)")
+    if bos_id is None:
+        bos_id = int(load_shard(train_files[0], mmap=True)[0])
+        first_val = int(load_shard(val_files[0], mmap=True)[0])
+        if first_val != bos_id:
+            raise ShardError(f"{val_files[0]}: starts with token id {first_val}, but {train_files[0]} starts with "
+                             f"{bos_id}: the first token of a shard begins a document and should be the separator "
+                             f"(BOS) in both; state it with --bos-id")
+    return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
 class Interrupted(KeyboardInterrupt):

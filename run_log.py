@@ -1,5 +1,5 @@
-"""The run's files and log: the shards and the run id, the code that ran, the header, the writer and the footer
-(train_gpt.py's LOG_DIR/RUN_ID.txt).
+"""The run's files and log: the shards and the run id, the code that ran, the header, the writer, the step clock
+and the footer (train_gpt.py's LOG_DIR/RUN_ID.txt).
 
 A log is self-contained: it starts with the source of every repository module the run imported
 (``source_dump``: train_gpt.py and the modules beside it, kernels/, data/; never tests/ or benchmarks/), then a

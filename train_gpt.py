@@ -1,117 +1,39 @@
 """GPT-2 (124M class) speedrun trainer: one flat file, no nn.Module tree.
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
-      python train_gpt.py --smoke      (tiny CPU run, about a minute on 2 cores; no shards: this repository's text)
+      python train_gpt.py --smoke      (tiny CPU run; without shards it trains on this repository's text)
       python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
-      python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
-`--long-window-layers 3,10`; short names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with
-their comments. The stage table (`STAGES`, schedule section) is edited in the code.
+`--long-window-layers 3,10`); `--help` lists them with their comments. The stage table (`STAGES`) is edited here.
 
-This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
-data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
-it imports (they import nothing from it): run_log.py (the shards and the run id; the log: its copy of the code,
-header and footer), compilation.py (the compile warmup's report, --compile-cache, the recompile check),
-profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling, the --hellaswag and --sample modes) and
-flags.py (the flags made from Hyperparameters, the settings' error); kernels/ holds the Triton kernels and the
-FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format, the
-HellaSwag set and --smoke's corpus when there are no shards (data/smoke_corpus.py).
+This file holds what a record changes, in sections: hyperparameters, the schedule (the stage table and the
+functions of the step), the parameter table (PARAMS) and init, the model, the optimizer, the data order, the
+training loop and its log lines. The machinery around a run lives in modules beside it, which import nothing from
+it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (saves, --resume checks), run_log.py
+(shards, log, step clock), compilation.py (compile warmup report, --compile-cache), profiling.py, evaluation.py
+(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels, data/ the shard format and corpora.
 
-Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
-6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
-output projection zero-initialised), five value-embedding tables mixed into the attention values of layers 1,
-2, 8, 9 and 10, the normed embedding x0 added after every attention sublayer, residual scales sqrt(1.1) per
-sublayer, one U-net skip (layer 3 -> layer 6) gated by a learned scalar and by x0, a second residual lane from
-layer 7 on (attention reads lane 0, the MLP lane 1, per-lane output weights), sigmoid logit soft-capping, an LM
-head stored transposed (768 x 50304) tied to the token embedding until the first Adam step of the third stage.
-All of it, and the optimizer settings (PARAMS), follow record #74.
-Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
-  * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
-    token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
-    embedding kernel in the loader thread; added to lane 0 before layer 0 and after every later attention
-    sublayer with per-layer `bigram_lambdas`.
-  * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
-    heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
-    head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
-  * mtp: the training loss is mean_t sum_k w_k CE(t, target t+k) (t + k inside the micro-batch) with the
-    stage table's weights (1, .5, .25->0), (1, .5->0), (1), interpolated over each stage; validation,
-    HellaSwag and sampling use the next token only.
-  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm
-    (not into a BOS).
-  * yarn: when the long window grows, the rotary frequencies are rescaled and the softmax scale grows by
-    0.2 ln(new/old) + 1 (the record's YaRN, along the stage path); the tables are made on the host once per
-    (length, long window), in training and evaluation alike.
-  * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
-    leaves alone) from the previous token's key, so one layer can form induction heads.
-  * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
-  * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
-    e4m3 x and W, fixed scales; a CE kernel writes the e5m2 gradient, the forward's with --ce-grad-in-forward,
-    kernels.transpose its transpose for dW) where CUDA capability >= 8.9, else the same matmul in bf16 (chosen in
-    build_fns; the log's `lm_head_matmul:` line says which ran). Evaluation always uses the bf16 head.
-  * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
-Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
-own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
-then score its candidates differently from one at a time); the bigram gradient is reduced densely
-(reduce-scatter of the whole table like the other embeddings; the record sends only the touched rows); rotary
-rotates the pairs (i, i + D/2) rather than (2i, 2i + 1) (a fixed permutation of the head dims); the training
-loss is the mean over rows (the record sums), and the FP8 gradient scale is divided by the rows accordingly;
-every parameter has an fp32 master (the record updates its bf16 tables and gates in place) and gradients
-accumulate in fp32. With them the loss at equal steps is record #74's, within run-to-run noise.
+Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
+banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
+a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
+prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
+embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...).
 
-Parameters: the table PARAMS (Parameters section), one row per parameter: its optimizer, lr multiplier,
-betas, decay, cadence, dtype and whether the compiled region reads it; init_params makes them (shapes and
-initial values). Every hidden matrix lives in one of two Muon banks: `attn_bank` = [Wq, Wk, Wv, Wo] per
-attention layer, `mlp_bank` = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is
-tall). The feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero
-gradient).
+Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
+embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
+`torch.compile(fullgraph=True, dynamic=False)` region per micro-batch length (train_step; val_step). What changes
+between steps without changing shapes is a tensor argument: the multi-token weights, the rotary tables and
+softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (doc_attention:
+FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
+Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
 
-Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
-tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
-backward. Everything else, the prelude, all layers and the head with its loss, is one region,
-`torch.compile(fullgraph=True, dynamic=False)`: `train_step`, and `val_step` for validation, one graph each per
-micro-batch length (the stage table's three, plus validation's), so a micro-step costs the host a handful of
-calls and inductor fuses the residual updates, norms and gates across sublayers. The compile options are record
-#74's (fullgraph, static shapes) and no others, as the public speedrun's rules ask; --cpp-wrapper (opt-in, named
-in the log's `compile_options:` line) launches the training step's kernels from inductor's C++ wrapper instead of
-Python. What changes between steps
-or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
-the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
-dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
-kernels over the documents, a sliding window, no templates to compile), the MLP's up-projection with its
-ReLU² (kernels.mlp, --fused-mlp: one Triton matmul per direction, the activation or its derivative in the
-epilogue; the log's `mlp:` line says which path ran), the FP8 head + loss, and the bf16 head's CE kernel. The
-warmup compiles every shape before the clock starts; its log lines and --compile-cache: compilation.py. The
-inputs of every call, training, validation, evaluation and sampling, come from one function (`model_inputs`);
-evaluation and sampling run the same layers eagerly (no compilation).
-
-Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
-fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
-dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
-backward as soon as its gradient is complete: the compiled region's parameters together when its backward
-ends; the others in the optimizer step). On CUDA the embedding backward kernels add the rows the batch touches
-straight into the three tables' accumulators (--embed-grad-to-acc, the default: kernels.embedding's accumulate
-mode, the same bits as the dense gradient's fold without writing, reading and adding ~425M mostly-zero elements
-per micro-step), and the tables' reduce-scatters start in the optimizer step; with --no-embed-grad-to-acc (and
-on the CPU, torch's embedding) the tables get dense gradients, folded like the others, and their reduce-scatters
-start after their own backward kernels (the log's `embedding_backward:` line says which path ran). Then per
-shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
-kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
-normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
-cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the
-updated shards are all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are
-reduced and updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
-kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
-kernels.transpose.transpose_copy writes the head back into the embedding.
-
-Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
-slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
-(1, 2, 4, 8) computes the same step up to fp32 summation order.
-
-CPU: without CUDA, TRITON_INTERPRET=1 is set before the kernels are imported, compilation is off, attention is
-scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch references of our kernels
-(StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
-smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
+Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
+group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
+shard NorMuon updates the two banks and fused AdamW (fp32 masters, cautious decay) the rest, and the shards are
+all-gathered. Adam rows step every adam_every steps, on the gradients summed since their last step.
+Batch: 8 BOS-aligned micro-batches ("slots") per step; rank r of W takes slots r, r+W, ..., so every world size
+computes the same step up to fp32 summation order. CPU: the kernels' PyTorch references, dense attention, eager.
 """
 import dataclasses
 import gc
@@ -136,11 +58,11 @@ import torch.nn.functional as F
 
 from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
                          saved_hyperparameters, tidy_checkpoints)
-from cli import (Interrupted, check_settings, interrupted_message, one_line_errors, parse_args, set_up_process,
-                 smoke_corpus)
+from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, one_line_errors, parse_args,
+                 set_up_process, smoke_corpus)
 from compilation import Compilation, cpp_wrapper_options
-from data.shards import ShardError, check_token_ids, load_shard
-from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
+from data.shards import ShardError, load_shard
+from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_head_ce, fp8_head_ce_grad_in_fwd,
@@ -236,7 +158,7 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
-    # CUDA, bf16/fp16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
+    # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
@@ -262,7 +184,7 @@ class Hyperparameters:
 
 def smoke_hyperparameters(**overrides):
     """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
-    fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
+    cli.fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
         val_tokens=8 * 256 * 2, val_micro_tokens=256, bos_id=511, vocab_size=512,
         num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
@@ -349,15 +271,13 @@ def muon_momentum(hp, step):
 
 
 def slow_adam_step(hp, step):
-    """Whether the slow Adam groups are reduced and updated at this step: every adam_every-th step (the last of
-    each period, as the public record's odd steps for adam_every=2) and always the last step of the run."""
+    """Whether the slow Adam rows step: the last of every adam_every steps (the record's odd steps) and the last."""
     return step % hp.adam_every == hp.adam_every - 1 or step == hp.total_steps - 1
 
 
 def untie_step(hp):
-    """The step before which the embedding and the LM head are untied: the one after the first slow Adam step of
-    stage untie_stage (the record unties right after that step's update: its odd step 967 of 1450); None when the
-    stage has no step (cli.check_settings refuses that)."""
+    """The first untied step: the one after stage untie_stage's first slow Adam step (the record's 967 of 1450);
+    None when that stage has none (cli.check_settings refuses it)."""
     start = stage_bounds(hp)[hp.untie_stage][0]
     return next((s + 1 for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
 
@@ -1037,17 +957,14 @@ class ModelFns:
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
-    """The model functions. attention: "auto" (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests
-    compare against a float64 reference with it on either device). With compile_model (CUDA), train_step and
+    """The model functions on ``device``, and the log's lines saying which paths they take. attention: "auto"
+    (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests). With compile_model (CUDA), train_step and
     val_step are each one region (torch.compile fullgraph, one graph per micro-batch length; the number of
-    documents is a dynamic dimension): the whole stack of layers and the head with its loss, so that a
-    micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
-    residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
-    are opaque custom ops inside it (no Triton templates to compile); the fused MLP kernels (hp.fused_mlp on CUDA
-    with bf16/fp16 matrices) are traced into it as user-defined Triton kernels, launched from inductor's code
-    (kernels/mlp.py says why). The loss uses the Triton cross-entropy kernel on CUDA and its PyTorch reference
-    on the CPU. The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul
-    in the parameters' dtype (always, in val_step)."""
+    documents is a dynamic dimension): the layers and the head with its loss, so that a micro-step costs the host
+    a handful of calls and inductor fuses the residual updates, norms and gates across sublayers. Attention and
+    the head's FP8 matmuls and cross-entropy are custom ops inside it; the fused MLP's kernels (hp.fused_mlp, CUDA,
+    bf16 matrices) are traced into it as user-defined Triton kernels (kernels/mlp.py says why). The FP8 head is
+    chosen here, once: hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -1140,8 +1057,7 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 
 class StepKernels(NamedTuple):
-    """The optimizer's kernels: our Triton kernels on CUDA; on the CPU their PyTorch references (the same math;
-    Triton's interpreter would cost seconds per smoke step, and tests/test_<kernel>.py test the kernels)."""
+    """The optimizer's kernels: ours on CUDA, their PyTorch references on the CPU (tests/test_<kernel>.py)."""
     momentum: object  # nesterov_momentum(grad, buf, momentum) -> X bf16
     polar: object  # polar_express(X, normalized=True)
     normuon: object  # normuon_update(o, v2, master, lr_mul, param_out, lr=, beta2=, wd=)
@@ -1162,20 +1078,18 @@ class StepKernels(NamedTuple):
 
 
 class Group:
-    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded) and this rank's optimizer
-    shard, rows lo .. lo + shard_rows. slow: an Adam row stepped only at slow Adam steps, on the gradients summed
-    since its last update."""
+    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded to a multiple of the world
+    size) and this rank's optimizer shard, rows lo .. lo + shard_rows."""
 
     def __init__(self, name, param, d):
         self.name, self.param, self.spec = name, param, PARAMS[name]
         self.muon = self.spec.optim == "muon"
         self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
-        self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
+        self.rows_pad = -(-self.rows // d.world) * d.world
         self.shard_rows = self.rows_pad // d.world
         self.lo = d.rank * self.shard_rows
-        # My rows are the whole parameter (world size 1): a parameter with a master (bf16 matrices, the banks) is
-        # updated in place by the kernels (sync_shard_param).
+        # world size 1: the kernels update a parameter with a master (bf16 matrices, the banks) in place
         self.in_place = self.shard_rows == self.rows and (self.muon or param.dtype != torch.float32)
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
@@ -1205,11 +1119,8 @@ class Group:
             self.exp_avg_sq = torch.zeros_like(self.master)
 
     def sync_shard_param(self):
-        """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
-        (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard. With
-        in_place it is the parameter itself, which already holds the master rounded wherever a master is set (the
-        initial parameter; at the untie the embedding, which the tied steps made the head's transpose; a
-        checkpoint's parameters): the kernels write the parameter, and the gather's copy onto itself is a no-op."""
+        """The parameter-dtype copy of my rows that is all-gathered (fp32 Adam rows: the master itself; in_place:
+        the parameter, which holds the master rounded wherever a master is set, so the gather copies nothing)."""
         self.shard_param = self.param.data if self.in_place else self.master.to(self.param.dtype, copy=self.muon)
 
     def state_tensors(self):
@@ -1239,8 +1150,8 @@ def step_plan(hp, step, embed_accs=False):
 
 
 class LastBackward(NamedTuple):
-    """The runtime state of a step's last backward: its plan, the reduce-scatters its gradient hooks started
-    (name -> (work, shard)) and the tied rows whose gradients are complete."""
+    """The runtime state of a step's last backward: its plan, the reduce-scatters its hooks started (name -> (work,
+    shard)) and the tied rows whose gradients are complete."""
     plan: StepPlan
     started: dict
     complete: set
@@ -1249,13 +1160,10 @@ class LastBackward(NamedTuple):
 class Optimizer:
     """Sharded NorMuon (the banks) and AdamW (the rest) over the parameters of PARAMS, one Group each.
 
-    Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
-    accumulator), last_backward(plan) ahead of the last one (the plan's early reduce-scatters then start during it),
-    then step(plan). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives a
-    tied row (PARAMS' tied_to) its own state; state_dict / load_state_dict hold this rank's shards.
-    With hp.embed_grad_to_acc (CUDA) the embedding lookups are given embedding_accs(): their backward adds
-    straight into these groups' accumulators (bitwise what the hooks' fold of the dense gradient gives) and leaves
-    their .grad None, so their hooks find nothing; step() starts their reduce-scatters."""
+    Per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32 accumulator),
+    last_backward(plan) ahead of the last one, then step(plan). With hp.embed_grad_to_acc (CUDA) the embedding
+    lookups add their gradients straight into the accumulators (embedding_accs(): bitwise the hooks' fold of the
+    dense gradient) and leave the tables' .grad None. untie() gives the tied row (PARAMS' tied_to) its own state."""
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
@@ -1294,11 +1202,9 @@ class Optimizer:
 
     @torch.no_grad()
     def _grad_ready(self, g):
-        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it into
-        the fp32 accumulator (acc += grad, one rounding of each bf16 partial) and free it. In the last backward, the
-        group's reduce-scatter starts if the plan has it early; while tied, the partner's waits for both gradients
-        (the tied row's added to it first). A table whose lookups added into its accumulator (embedding_accs) has no
-        gradient here: nothing to do."""
+        """Post-accumulate-grad hook, once per backward when g's gradient is complete: acc += grad (one fp32
+        rounding of each bf16 partial). In the last backward g's reduce-scatter starts if the plan has it early;
+        while tied, the partner's waits for both gradients (the tied row's added to it first)."""
         if g.param.grad is None:
             return
         g.acc[:g.rows].add_(g.param.grad)
@@ -1317,8 +1223,7 @@ class Optimizer:
         started[g.name] = reduce_scatter_sum(self.d, g.acc)
 
     def last_backward(self, plan):
-        """Call before the backward of a step's last micro-step: during it, the plan's early reduce-scatters start
-        as their gradients complete."""
+        """Before the last micro-step's backward: the plan's early reduce-scatters start during it."""
         self.last = LastBackward(plan, {}, set())
 
     def reset(self):
@@ -1350,12 +1255,10 @@ class Optimizer:
 
     @torch.no_grad()
     def step(self, plan, lr_mul, momentum):
-        """One optimizer step on the accumulated gradients of plan.groups; the slow Adam groups the plan leaves
-        out keep summing until a step that has them, which updates them at its lr (the summed gradient is not
-        averaged, as in the public record). Order: the reduce-scatters the last backward did not start are started
-        in PARAMS order (while tied, the partner's after the tied row's gradient is added to it); the Adam groups'
-        updates wait for all Adam reduce-scatters and run as one fused_adamw_multi_step call, then their all-gathers
-        start while Muon works on the banks."""
+        """One step of plan.groups on their accumulated gradients (the slow Adam groups left out keep summing, not
+        averaged, as in the public record). The reduce-scatters the last backward did not start start in PARAMS
+        order; the Adam updates wait for all of theirs and run as one fused_adamw_multi_step call, then their
+        all-gathers start while Muon works on the banks."""
         d = self.d
         if plan.tied != self.tied or (self.last is not None and self.last.plan != plan):
             raise RuntimeError(f"Optimizer.step: the plan (tied={plan.tied}) is not the optimizer's (tied="
@@ -1395,8 +1298,7 @@ class Optimizer:
         self.pending = any(g.slow and n not in plan.groups for n, g in self.groups.items())
 
     def _adam(self, items, lr_mul):
-        """All Adam groups of this step in one fused_adamw_multi_step call (one launch per dtype group: fp32
-        params without masters, bf16 params with fp32 masters). items: [(group, fp32 gradient shard)]."""
+        """items [(group, fp32 gradient shard)] in one fused_adamw_multi_step call (fp32 rows are their masters)."""
         hp = self.hp
         params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
         for g, grad in items:
@@ -1428,8 +1330,7 @@ class Optimizer:
                              wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
-        """Per rank. Between two slow Adam steps (pending) the slow groups' accumulators (this rank's unreduced
-        gradient sums) are part of the state, so a resumed run continues bitwise."""
+        """This rank's state; between two slow Adam steps (pending) also the slow groups' accumulators."""
         sd = {"tied": self.tied, "pending": self.pending,
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
                          for n, g in self.groups.items()}}
@@ -1452,28 +1353,6 @@ class Optimizer:
 
 # -----------------------------------------------------------------------------
 # Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
-
-
-def fit_to_data(hp, train_files, val_files, bos_id=None):
-    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them: ids
-    must lie in GPT-2's vocabulary (the tokenizer of --sample and --hellaswag), vocab_size is the largest id + 1
-    rounded up to 128, and the document separator is bos_id when stated (--bos-id), else read from the data's
-    document structure: a shard is written from a document's start, so the first token of the first training
-    shard is the separator, and the first validation shard must start with the same id. (The largest id is no
-    separator: one stray id above the BOS would take its place.)"""
-    files = list(train_files) + list(val_files)
-    if not hp.vocab_from_data:
-        check_token_ids(files, hp.vocab_size)
-        return hp
-    top = check_token_ids(files, GPT2_VOCAB, f"GPT-2's vocabulary of {GPT2_VOCAB} ids (--vocab-from-data)")
-    if bos_id is None:
-        bos_id = int(load_shard(train_files[0], mmap=True)[0])
-        first_val = int(load_shard(val_files[0], mmap=True)[0])
-        if first_val != bos_id:
-            raise ShardError(f"{val_files[0]}: starts with token id {first_val}, but {train_files[0]} starts with "
-                             f"{bos_id}: the first token of a shard begins a document and should be the separator "
-                             f"(BOS) in both; state it with --bos-id")
-    return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
 class TrainLoader:
@@ -1621,7 +1500,7 @@ class Trainer:
         self.hellaswag = HellaSwag(hp, d, BLOCK) if hp.hellaswag_every > 0 else None
 
     def reset(self):
-        """Back to the freshly initialised state (after the compile warmup)."""
+        """Back to the initial state (after the compile warmup)."""
         with torch.no_grad():
             for k, v in self.params.items():
                 v.copy_(self.initial[k])
@@ -1679,12 +1558,10 @@ class Trainer:
 
 
 def warmup(trainer, log=None):
-    """Untimed: one training step of every distinct micro-batch shape (the first stage's two steps: without and
-    with the slow Adam groups), the untie and an untied slow step, one validation micro-batch and (with
-    --hellaswag-every) one HellaSwag pack, so that compilation, the first launch of every Triton kernel and
-    autotuning happen here; then a full state reset. Returns [(phase, seconds)]: the wall time of each phase
-    (compiling, then running once), also logged as each ends (``compile_phase:`` lines: a long compile shows
-    where it is)."""
+    """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
+    every micro-batch shape (the first stage's with and without the slow Adam groups), the untie and an untied slow
+    step, a validation micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Returns
+    [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
 
@@ -1727,10 +1604,9 @@ def warmup(trainer, log=None):
 
 
 def train(hp, args, d):
-    """One training run: its files, the --resume check, the log, the compile warmup, then the timed steps with
-    validations, HellaSwag and checkpoints (the clock stops during each), and the log's footer. A run that fails
-    after the log opened ends its log with a run_failed: line, one stopped by Ctrl-C with run_interrupted: and
-    raises cli.Interrupted. Returns (log path, checkpoint folder)."""
+    """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
+    and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
+    run_failed:, Ctrl-C with run_interrupted: (cli.Interrupted). Returns (log path, checkpoint folder)."""
     hp = smoke_corpus(hp, args, d)
     train_files, val_files = resolve_files(hp)
     hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
@@ -1744,10 +1620,10 @@ def train(hp, args, d):
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
         trainer = Trainer(hp, d, train_files, val_files)
-        log(f"lm_head_matmul: {trainer.fns.head_path}")
-        log(f"embedding_backward: {trainer.fns.embed_path}")
-        log(f"mlp: {trainer.fns.mlp_path}")
-        log(f"compile_options: {trainer.fns.compile_path}")
+        fns = trainer.fns
+        for name, path in (("lm_head_matmul", fns.head_path), ("embedding_backward", fns.embed_path),
+                           ("mlp", fns.mlp_path), ("compile_options", fns.compile_path)):
+            log(f"{name}: {path}")
         log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         compiling.warmup(lambda: warmup(trainer, log))
@@ -1833,15 +1709,9 @@ def train(hp, args, d):
 
 @torch.no_grad()
 def sequence_logits(hp, params, fns, ids, rot_cache, rows=None, windows=None):
-    """Next-token logits of one 1-D id sequence: the model's entry (model_inputs) for evaluation and sampling.
-
-    ids (n,) int32 on the device: one or more documents, each starting with hp.bos_id (the attention mask
-    keeps them apart, like the packed documents of training). The sequence is padded on the right with BOS
-    to a multiple of BLOCK (the model is causal: padding cannot change the logits of earlier positions).
-    Returns (len(rows), real_vocab(hp)) fp32 logits at the positions ``rows`` (default: all n), the padded
-    vocabulary columns dropped. windows: (short, long) attention windows in blocks, default the last stage's.
-    Eager (nothing compiled): evaluation runs each length once or a few times.
-    """
+    """(len(rows), real_vocab(hp)) fp32 next-token logits at the positions ``rows`` (default: all) of ids (n,)
+    int32: one or more documents, each starting with BOS, padded on the right with BOS to a multiple of BLOCK (the
+    model is causal). windows: in blocks, default the last stage's. Eager: evaluation runs each length a few times."""
     n = ids.numel()
     T = -(-n // BLOCK) * BLOCK
     x = torch.cat([ids, ids.new_full((T - n,), hp.bos_id)])

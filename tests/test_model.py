@@ -328,7 +328,7 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
 
 
 def spec_forward(hp, P, ids, windows):
-    """Record #74's forward on our model (see train_gpt's docstring), per layer, in P's dtype: one lane until
+    """Record #74's forward on our model (README.md: its deviations), per layer, in P's dtype: one lane until
     parallel_start (attention output added unweighted, x0 and the bigram injected after each attention), then
     two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w)."""
     T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import checkpoints
+import cli
 import run_log
 import train_gpt as tg
 from data.shards import shard_files, write_shard
@@ -42,7 +43,7 @@ def data(tmp_path_factory):
 def _run_hp(data, *flags):
     """The hyperparameters main() trains with for _smoke_argv(data, ...) plus flags (after fit_to_data)."""
     hp = _flags(_smoke_argv(data, data, "x", *flags))[1]
-    return tg.fit_to_data(hp, shard_files(hp.train_files), shard_files(hp.val_files))
+    return cli.fit_to_data(hp, shard_files(hp.train_files), shard_files(hp.val_files))
 
 
 @pytest.fixture(scope="module")
@@ -486,12 +487,12 @@ def test_separator_is_the_documents_first_token_not_the_largest_id(tmp_path):
     tokens[77] = 600  # a stray id above the separator, inside GPT-2's range
     write_shard(train, tokens)
     write_shard(val, _docs(50, seed=1))
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
     assert (hp.bos_id, hp.vocab_size) == (511, 640)
     # stated on the command line: used as given (here shards that do not start with a document)
     write_shard(train, tokens[5:])
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val], bos_id=511)
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val], bos_id=511)
     assert (hp.bos_id, hp.vocab_size) == (511, 640)
     message = f"{val}: starts with token id 511, but {train} starts with {int(tokens[5])}: "
     with pytest.raises(tg.ShardError, match=re.escape(message) + ".* state it with --bos-id$"):
-        tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
+        cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val])

@@ -1432,9 +1432,9 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, scri
 @pytest.mark.parametrize("top, vocab", [(511, 512), (512, 640), (50256, 50304)])
 def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     f = _write_ids(tmp_path / "s.bin", [top, 1, 2, top, 3])
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [f], [f])
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [f], [f])
     assert (hp.vocab_size, hp.bos_id) == (vocab, top)
-    fixed = tg.fit_to_data(tg.Hyperparameters(), [f], [f])  # the speedrun config keeps its own
+    fixed = cli.fit_to_data(tg.Hyperparameters(), [f], [f])  # the speedrun config keeps its own
     assert (fixed.vocab_size, fixed.bos_id) == (50304, 50256)
 
 
@@ -1475,7 +1475,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
     train, val = _gpt2_shards(tmp_path)
     files, val_files = shard_files(train), shard_files(val)
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
     assert (hp.vocab_size, hp.bos_id) == (50304, 50256)
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, val_files)
     mb = tr.loader.next()[0]
