@@ -5,8 +5,9 @@ error of a setting that cannot work.
 --x / --no-x, tuples as comma lists), its help the field's same-line comment in the source (``field_comments``:
 each knob is documented once) and its default. Unset flags stay None, so the caller keeps the dataclass's
 default. ``ArgumentParser`` prints usage errors on rank 0 only (torchrun starts one process per rank).
-``SettingsError``: a setting that cannot work, one line naming the flag (train_gpt.py's main() prints it and exits
-with code 2); ``check_ranges`` raises it for the first value outside its bounds.
+``flag_name``: the flag of a field, its short alias (``FLAG_ALIASES``) where it has one. ``SettingsError``: a
+setting that cannot work, one line naming the flag (cli.py prints it and exits with code 2); ``check_ranges`` raises
+it for the first value outside its bounds.
 """
 import argparse
 import ast
@@ -17,14 +18,23 @@ import textwrap
 import tokenize
 
 
+# Short names that users and records use, kept beside the generated --field-name flags.
+FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
+
+
+def flag_name(field):
+    """The command-line flag of a hyperparameter or argument: its short alias where it has one (--steps)."""
+    return FLAG_ALIASES.get(field, ["--" + field.replace("_", "-")])[0]
+
+
 class SettingsError(ValueError):
-    """A setting (a flag, a default it combines with, or the launch) that cannot work; train_gpt.py's main() prints
+    """A setting (a flag, a default it combines with, or the launch) that cannot work; cli.one_line_errors prints
     it as one line naming the flag and exits with code 2."""
 
 
-def check_ranges(obj, ranges, flag_name):
-    """SettingsError, naming the flag (``flag_name(field)``), for the first field of ``obj`` outside its inclusive
-    bounds; ranges: {field: (lo, hi)}, None an open end."""
+def check_ranges(obj, ranges):
+    """SettingsError, naming the flag (``flag_name``), for the first field of ``obj`` outside its inclusive bounds;
+    ranges: {field: (lo, hi)}, None an open end."""
     for name, (lo, hi) in ranges.items():
         value = getattr(obj, name)
         if (lo is not None and value < lo) or (hi is not None and value > hi):

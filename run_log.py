@@ -1,5 +1,5 @@
-"""The run's files and log: the shards and the run id, the code that ran, the header, the writer and the footer
-(train_gpt.py's LOG_DIR/RUN_ID.txt).
+"""The run's files and log: the shards and the run id, the code that ran, the header, the writer, the step clock
+and the footer (train_gpt.py's LOG_DIR/RUN_ID.txt).
 
 A log is self-contained: it starts with the source of every repository module the run imported
 (``source_dump``: train_gpt.py and the modules beside it, kernels/, data/; never tests/ or benchmarks/), then a
@@ -157,24 +157,50 @@ def open_log(hp, args, d, train_files, val_files, run_id, continues=None):
 
 
 class StepClock:
-    """When each timed training step finished on the device, and its loss: the step lines' times.
+    """The train time, and when each timed training step finished on the device: the step lines' times.
 
-    On a GPU the host runs ahead of the device, so the host's clock after launching a step says when the step
-    was queued, not when it ran: a host pause shows up as a slow step followed by a fast one although the device
-    never waited. Here Trainer.train_step(step, clock=...) calls ``queued`` at its end (an event is recorded
-    after the step's work, its loss copied into pinned memory without a sync) and ``wait`` once the next step's
-    first micro-batch is queued: the host blocks until the previous step is done and notes the time. The host
-    is then at most about one step ahead, and while it waits the device has that micro-batch to run. A step's
-    time is its finish minus the previous step's (or the clock's start). On the CPU a step is done when
-    train_step returns. ``finished`` hands over [(step, perf_counter seconds, loss or None)] in step order,
-    each once.
+    The clock runs between start() and stop() (validation, evaluation and saves are not timed); ``ms`` is the train
+    time up to the last stop(). On a GPU the host runs ahead of the device, so the host's clock after launching a
+    step says when the step was queued, not when it ran: a host pause shows up as a slow step followed by a fast one
+    although the device never waited. Here Trainer.train_step(step, clock=...) calls ``queued`` at its end (an event
+    is recorded after the step's work, its loss copied into pinned memory without a sync) and ``wait`` once the next
+    step's first micro-batch is queued: the host blocks until the previous step is done and notes the time. The host
+    is then at most about one step ahead, and while it waits the device has that micro-batch to run. On the CPU a
+    step is done when train_step returns. ``finished`` hands over [(step, train time in ms at its end, loss or
+    None)] in step order, each once; ``step_ms`` {step: ms} keeps each step's time: its end minus the previous
+    step's, or the clock's (re)start.
     event: the event type (torch.cuda.Event on a GPU; tests pass a stand-in); None on the CPU."""
 
-    def __init__(self, device, event=None):
-        self.event = torch.cuda.Event if event is None and device.type == "cuda" else event
-        self._loss = torch.zeros((), dtype=torch.float32, pin_memory=device.type == "cuda")  # the last loss
+    def __init__(self, device, ms=0.0, event=None):
+        self.cuda = device.type == "cuda"
+        self.event = torch.cuda.Event if event is None and self.cuda else event
+        self.ms = ms
+        self.step_ms = {}
+        self._loss = torch.zeros((), dtype=torch.float32, pin_memory=self.cuda)  # the last loss
         self._last = None  # (step, event, has a loss) of the step queued last, not yet seen done
         self._done = []
+        self._t0 = self._prev = None  # perf_counter seconds: the clock's (re)start, the last finished step's end
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def start(self):
+        """The clock runs from now (after the device's queued work)."""
+        self._sync()
+        self._t0, self._prev = time.perf_counter(), None
+
+    def stop(self):
+        """The clock stops once the device has finished every queued step; ms counts up to here."""
+        self.wait()
+        self._sync()
+        self.ms += 1000 * (time.perf_counter() - self._t0)
+
+    def _finish(self, step, loss):
+        t = time.perf_counter()
+        self.step_ms[step] = 1000 * (t - (self._t0 if self._prev is None else self._prev))
+        self._prev = t
+        self._done.append((step, self.ms + 1000 * (t - self._t0), loss))
 
     def queued(self, step, loss=None):
         """Step ``step`` is fully queued; loss: its 0-d loss tensor, or None."""
@@ -182,7 +208,7 @@ class StepClock:
         if loss is not None:
             self._loss.copy_(loss.detach(), non_blocking=self.event is not None)
         if self.event is None:
-            self._done.append((step, time.perf_counter(), None if loss is None else self._loss.item()))
+            self._finish(step, None if loss is None else self._loss.item())
             return
         ev = self.event()
         ev.record()
@@ -195,7 +221,7 @@ class StepClock:
         step, ev, has_loss = self._last
         self._last = None
         ev.synchronize()
-        self._done.append((step, time.perf_counter(), self._loss.item() if has_loss else None))
+        self._finish(step, self._loss.item() if has_loss else None)
 
     def finished(self):
         out, self._done = self._done, []

@@ -1,133 +1,47 @@
 """GPT-2 (124M class) speedrun trainer: one flat file, no nn.Module tree.
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
-      python train_gpt.py --smoke      (tiny CPU run, about a minute on 2 cores; no shards: this repository's text)
+      python train_gpt.py --smoke      (tiny CPU run; without shards it trains on this repository's text)
       python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
       python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
-      python train_gpt.py --profile-steps 3   (untimed torch.profiler capture per stage: trace + kernel table)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
-`--long-window-layers 3,10`; short names `--steps`, `--train-loss`); `python train_gpt.py --help` lists them with
-their comments. The stage table (`STAGES`, schedule section) is edited in the code.
+`--long-window-layers 3,10`); `--help` lists them with their comments. The stage table (`STAGES`) is edited here.
 
-This file holds what a record changes: hyperparameters and the stage table, the model, the optimizer, the
-data order, the training loop and checkpoints. The machinery around a run lives in modules beside it, which
-it imports (they import nothing from it): run_log.py (the shards and the run id; the log: its copy of the code,
-header and footer), compilation.py (the compile warmup's report, --compile-cache, the recompile check),
-profiling.py (--profile-steps), evaluation.py (HellaSwag, sampling, the --hellaswag and --sample modes) and
-flags.py (the flags made from Hyperparameters, the settings' error); kernels/ holds the Triton kernels and the
-FP8 head op (kernels/hardware.py: the GPU ceilings, the CPU runs' malloc setting), data/ the shard format, the
-HellaSwag set and --smoke's corpus when there are no shards (data/smoke_corpus.py).
+This file holds what a record changes, in sections: hyperparameters, the schedule (the stage table and the
+functions of the step), the parameter table (PARAMS) and init, the model, the optimizer, the data order, the
+training loop and its log lines. The machinery around a run lives in modules beside it, which import nothing from
+it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (saves, --resume checks), run_log.py
+(shards, log, step clock), compilation.py (compile warmup report, --compile-cache), profiling.py, evaluation.py
+(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels, data/ the shard format and corpora.
 
-Model (straight-line forward over parameter banks, see `make_layers`): vocab 50304 (50257 padded), width 768,
-6 heads x 128, 11 layers (no attention in layer 6), rotary (half of the head dims), QK-norm, ReLU^2 MLP (its
-output projection zero-initialised), five value-embedding tables mixed into the attention values of layers 1,
-2, 8, 9 and 10, the normed embedding x0 added after every attention sublayer, residual scales sqrt(1.1) per
-sublayer, one U-net skip (layer 3 -> layer 6) gated by a learned scalar and by x0, a second residual lane from
-layer 7 on (attention reads lane 0, the MLP lane 1, per-lane output weights), sigmoid logit soft-capping, an LM
-head stored transposed (768 x 50304) tied to the token embedding until the first Adam step of the third stage.
-All of it, and the optimizer settings (PARAMS), follow record #74.
-Record #74's features, each a bool flag on by default (`--no-bigram`, `--no-paired-heads`, ...):
-  * bigram: a zero-initialised table (bigram_vocab_size rows) indexed by the record's hash of (previous token,
-    token) (`bigram_hash`: position 0 and every BOS use the reserved last row); hashed and sorted for the
-    embedding kernel in the loader thread; added to lane 0 before layer 0 and after every later attention
-    sublayer with per-layer `bigram_lambdas`.
-  * paired_heads: in paired_head_layers (0, 2, 5, 9) each token's q/k/v (H, D) are read as two tokens of H/2
-    heads (the record's reshape: head j and head j + H/2 become one head over an interleaved 2T sequence),
-    head h rotated as position 2t + h % 2; document mask and window on the 2T sequence.
-  * mtp: the training loss is mean_t sum_k w_k CE(t, target t+k) (t + k inside the micro-batch) with the
-    stage table's weights (1, .5, .25->0), (1, .5->0), (1), interpolated over each stage; validation,
-    HellaSwag and sampling use the next token only.
-  * smear: e[t] += smear_lambda * sigmoid(e[t, :12] . w) * e[t-1] on the token embeddings, before the norm
-    (not into a BOS).
-  * yarn: when the long window grows, the rotary frequencies are rescaled and the softmax scale grows by
-    0.2 ln(new/old) + 1 (the record's YaRN, along the stage path); the tables are made on the host once per
-    (length, long window), in training and evaluation alike.
-  * key_offset: in the long-window layers each key but a BOS's takes its position-free dims (those rotary
-    leaves alone) from the previous token's key, so one layer can form induction heads.
-  * backout: the head reads (lane0 + lane1)/2 - backout_lambda * (lane 0 after backout_layer 7).
-  * fp8_head: the training head's matmuls in FP8 and its loss in one op (kernels.cross_entropy.fp8_head_ce:
-    e4m3 x and W, fixed scales, W's e4m3 copies made once per step; a CE kernel writes the e5m2 gradient, the
-    forward's with --ce-grad-in-forward, kernels.transpose its transpose for dW) where CUDA capability >= 8.9,
-    else the same matmul in bf16 (chosen in build_fns; the log's `lm_head_matmul:` line says which ran).
-    Evaluation always uses the bf16 head.
-  * attn_lambdas: per attention layer, W_qkv and W_o are multiplied by two learned scalars (init 0.5, 1.0).
-Deviations from record #74: documents stay independent (a BOS gets the reserved bigram row, no smear and its
-own key; the record lets these three read the previous document's last token, and a HellaSwag pack would
-then score its candidates differently from one at a time); the bigram gradient is reduced densely
-(reduce-scatter of the whole table like the other embeddings; the record sends only the touched rows); rotary
-rotates the pairs (i, i + D/2) rather than (2i, 2i + 1) (a fixed permutation of the head dims); the training
-loss is the mean over rows (the record sums), and the FP8 gradient scale is divided by the rows accordingly;
-every parameter has an fp32 master (the record updates its bf16 tables and gates in place) and gradients
-accumulate in fp32. With them the loss at equal steps is record #74's, within run-to-run noise.
+Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
+banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
+a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
+prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
+embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...).
 
-Parameters: the table PARAMS (Parameters section), one row per parameter: its optimizer, lr multiplier,
-betas, decay, cadence, dtype and whether the compiled region reads it; init_params makes them (shapes and
-initial values). Every hidden matrix lives in one of two Muon banks: `attn_bank` = [Wq, Wk, Wv, Wo] per
-attention layer, `mlp_bank` = [W_fc, W_proj^T] per layer (c_proj stored transposed so every MLP matrix is
-tall). The feature parameters exist whatever the flags: a disabled feature leaves them untouched (zero
-gradient).
+Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
+embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
+`torch.compile(fullgraph=True, dynamic=False)` region per micro-batch length (train_step; val_step). What changes
+between steps without changing shapes is a tensor argument: the multi-token weights, the rotary tables and
+softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (doc_attention:
+FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
+Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
 
-Compilation (CUDA): one micro-step is three kinds of work. The embedding lookups (token, value and bigram
-tables) run eagerly: gathers whose deterministic backward kernels (kernels.embedding) run after the compiled
-backward. Everything else, the prelude, all layers and the head with its loss, is one region,
-`torch.compile(fullgraph=True, dynamic=False)`: `train_step`, and `val_step` for validation, one graph each per
-micro-batch length (the stage table's three, plus validation's), so a micro-step costs the host a handful of
-calls and inductor fuses the residual updates, norms and gates across sublayers. The compile options are record
-#74's (fullgraph, static shapes) and no others, as the public speedrun's rules ask; --cpp-wrapper (opt-in, named
-in the log's `compile_options:` line) launches the training step's kernels from inductor's C++ wrapper instead of
-Python. What changes between steps
-or stages without changing shapes is a tensor argument: the multi-token weights (zero-padded to one length),
-the rotary tables and softmax scale, the window sizes (0-d CPU tensors), the document boundaries (a dynamic
-dimension). Opaque custom ops inside the region: attention (`doc_attention`: torch's FlashAttention varlen
-kernels over the documents, a sliding window, no templates to compile), the MLP's up-projection with its
-ReLU² (kernels.mlp, --fused-mlp: one Triton matmul per direction, the activation or its derivative in the
-epilogue; the log's `mlp:` line says which path ran), the FP8 head + loss, and the bf16 head's CE kernel. The
-warmup compiles every shape before the clock starts; its log lines and --compile-cache: compilation.py. The
-inputs of every call, training, validation, evaluation and sampling, come from one function (`model_inputs`);
-evaluation and sampling run the same layers eagerly (no compilation).
-
-Optimizer (not compiled; our Triton kernels do the work): gradients of every micro-step are accumulated in
-fp32 buffers by post-accumulate-grad hooks (one rounding of each bf16 partial), reduce-scattered in fp32 along
-dim 0 (padded to a multiple of the world size; a group's reduce-scatter starts inside the last micro-step's
-backward as soon as its gradient is complete: the compiled region's parameters together when its backward
-ends; the others in the optimizer step). On CUDA the embedding backward kernels add the rows the batch touches
-straight into the three tables' accumulators (--embed-grad-to-acc, the default: kernels.embedding's accumulate
-mode, the same bits as the dense gradient's fold without writing, reading and adding ~425M mostly-zero elements
-per micro-step), and the tables' reduce-scatters start in the optimizer step; with --no-embed-grad-to-acc (and
-on the CPU, torch's embedding) the tables get dense gradients, folded like the others, and their reduce-scatters
-start after their own backward kernels (the log's `embedding_backward:` line says which path ran). Then per
-shard: Muon for the two banks (kernels.momentum.nesterov_momentum ->
-kernels.polar_express.polar_express(normalized=True) -> kernels.normuon.normuon_update: NorMuon row/column
-normalisation, cautious weight decay on an fp32 master, bf16 cast) and fused AdamW with fp32 masters and
-cautious weight decay (kernels.adam.fused_adamw_multi_step, all Adam groups in one call) for the rest; the
-updated shards are all-gathered. The Adam parameters (PARAMS' slow rows: all of them, as in the record) are
-reduced and updated only every `adam_every` steps, on the gradients summed since their last update. While tied,
-kernels.transpose.transpose_add folds the embedding gradient into the LM head gradient and
-kernels.transpose.transpose_copy writes the head back into the embedding.
-
-Batch: the global batch is always 8 BOS-aligned micro-batches ("slots") of T tokens; rank r of W processes
-slots r, r+W, ... as 8/W accumulated micro-steps, and every micro-loss is scaled by 1/8, so any world size in
-(1, 2, 4, 8) computes the same step up to fp32 summation order.
-
-CPU: without CUDA, TRITON_INTERPRET=1 is set before the kernels are imported, compilation is off, attention is
-scaled_dot_product_attention with a dense mask, and the trainer runs the PyTorch references of our kernels
-(StepKernels, cpu_embedding, the CE reference: the same math; Triton's interpreter would cost seconds per
-smoke step, and tests/test_<kernel>.py test the kernels themselves, in the interpreter).
+Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
+group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
+shard NorMuon updates the two banks and fused AdamW (fp32 masters, cautious decay) the rest, and the shards are
+all-gathered. Adam rows step every adam_every steps, on the gradients summed since their last step.
+Batch: 8 BOS-aligned micro-batches ("slots") per step; rank r of W takes slots r, r+W, ..., so every world size
+computes the same step up to fp32 summation order. CPU: the kernels' PyTorch references, dense attention, eager.
 """
-import contextlib
 import dataclasses
-import fcntl
 import gc
-import glob
 import math
 import os
 import queue
-import shutil
-import signal
-import sys
 import threading
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -142,32 +56,32 @@ if not torch.cuda.is_available():
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
+                         saved_hyperparameters, tidy_checkpoints)
+from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, one_line_errors, parse_args,
+                 set_up_process, smoke_corpus)
 from compilation import Compilation, cpp_wrapper_options
-from data.hellaswag import HellaSwagError
-from data.prepare_text import PrepareError
-from data.shards import ShardError, check_token_ids, load_shard
-from data.smoke_corpus import write_smoke_corpus
-from evaluation import GPT2_VOCAB, HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
-from flags import ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, launch_rank
+from data.shards import ShardError, load_shard
+from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
+from flags import SettingsError
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.embedding import embedding, prepare_ids
-from kernels.hardware import keep_freed_memory
 from kernels.mlp import relu2_mlp
 from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
 from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
-from run_log import StepClock, check_run_id, log_summary, new_run_id, open_log, resolve_files
+from run_log import StepClock, log_summary, new_run_id, open_log, resolve_files
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
 
 # -----------------------------------------------------------------------------
-# Hyperparameters (every field is a command-line flag, see parse_args; the schedule table is below)
+# Hyperparameters (every field is a command-line flag, cli.parse_args; the schedule table is below)
 
 
 @dataclass
@@ -244,7 +158,7 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
-    # CUDA, bf16/fp16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
+    # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
@@ -270,7 +184,7 @@ class Hyperparameters:
 
 def smoke_hyperparameters(**overrides):
     """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
-    fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
+    cli.fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
         val_tokens=8 * 256 * 2, val_micro_tokens=256, bos_id=511, vocab_size=512,
         num_layers=4, model_dim=64, num_heads=2, head_dim=32, mlp_dim=256, no_attn_layers=(),
@@ -357,16 +271,15 @@ def muon_momentum(hp, step):
 
 
 def slow_adam_step(hp, step):
-    """Whether the slow Adam groups are reduced and updated at this step: every adam_every-th step (the last of
-    each period, as the public record's odd steps for adam_every=2) and always the last step of the run."""
+    """Whether the slow Adam rows step: the last of every adam_every steps (the record's odd steps) and the last."""
     return step % hp.adam_every == hp.adam_every - 1 or step == hp.total_steps - 1
 
 
 def untie_step(hp):
-    """The step before which the embedding and the LM head are untied: the one after the first slow Adam step of
-    stage untie_stage (the record unties right after that step's update: its odd step 967 of 1450)."""
+    """The first untied step: the one after stage untie_stage's first slow Adam step (the record's 967 of 1450);
+    None when that stage has none (cli.check_settings refuses it)."""
     start = stage_bounds(hp)[hp.untie_stage][0]
-    return next(s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)) + 1
+    return next((s + 1 for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
 
 
 def windows_at(hp, step):
@@ -413,7 +326,6 @@ def check_world_size(world_size):
 class Dist:
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
 
     @property
@@ -435,7 +347,7 @@ def setup_distributed():
             dist.init_process_group(backend="nccl", device_id=device)
         else:
             dist.init_process_group(backend="gloo")
-    return Dist(rank, world, local_rank, device)
+    return Dist(rank, world, device)
 
 
 def reduce_scatter_sum(d, full):
@@ -477,6 +389,7 @@ class Param:
     matrix: bool = False  # stored in hp.param_dtype (bf16) with an fp32 master in the optimizer; else fp32
     region: bool = True  # read inside the compiled region (False: by the eager embedding lookups before it)
     proj: bool = False  # Muon: its odd matrices are W_proj^T, whose lr is mlp_proj_lr_mul times the others'
+    tied_to: str = None  # until the untie, that row's transpose: its gradient is added there, its value copied back
 
 
 # Every parameter, in reduce order: small Adam tensors first, then the big ones whose update waits longest
@@ -496,7 +409,8 @@ PARAMS = {
     "lm_head":        Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True),
     "value_embeds":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
     "bigram_embed":   Param(optim="adam", lr_mul=75.0, betas=(0.75, 0.95), wd_mul=5.0,   matrix=True, region=False),
-    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False),
+    "embed":          Param(optim="adam", lr_mul=1.0,  betas=(0.5, 0.95),  wd_mul=150.0, matrix=True, region=False,
+                            tied_to="lm_head"),
     "attn_bank":      Param(optim="muon", matrix=True),
     "mlp_bank":       Param(optim="muon", matrix=True, proj=True),
 }
@@ -506,7 +420,7 @@ def init_params(hp, device, seed):
     """All parameters (PARAMS) as a flat dict of leaf tensors: matrices in hp.param_dtype, the rest fp32."""
     g = torch.Generator().manual_seed(seed)
     C, V, L, G = hp.model_dim, hp.vocab_size, hp.num_layers, hp.gate_dims
-    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by check_settings
+    n_attn, H = len(hp.attn_layers), hp.num_heads  # shapes and indices: checked by cli.check_settings
     bound = 3 ** 0.5 * 0.5 * C ** -0.5  # uniform with std 0.5/sqrt(C), every attention matrix (W_o too)
 
     def uniform(*shape):
@@ -769,8 +683,8 @@ for _name, _fake in (("doc_attention", _doc_attention_fake), ("doc_attention_fwd
 
 def flash_attend(q, k, v, seq, window, scale):
     """q, k, v (T, H, D) -> (T, H, D) (CUDA): doc_attention over seq's documents, window in tokens. FlashAttention
-    takes bf16 and fp16 only: fp32 parameters (--param-dtype float32) take the dense path."""
-    if q.dtype not in (torch.bfloat16, torch.float16):
+    takes bf16 (and fp16) only: fp32 parameters (--param-dtype float32) take the dense path."""
+    if q.dtype != torch.bfloat16:
         return dense_attend(q, k, v, seq, window, scale)
     return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
 
@@ -1154,17 +1068,14 @@ class ModelFns:
 
 
 def build_fns(hp, device, compile_model, attention="auto"):
-    """The model functions. attention: "auto" (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests
-    compare against a float64 reference with it on either device). With compile_model (CUDA), train_step and
+    """The model functions on ``device``, and the log's lines saying which paths they take. attention: "auto"
+    (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests). With compile_model (CUDA), train_step and
     val_step are each one region (torch.compile fullgraph, one graph per micro-batch length; the number of
-    documents is a dynamic dimension): the whole stack of layers and the head with its loss, so that a
-    micro-step costs the host a handful of calls however many layers there are, and inductor fuses the
-    residual updates, norms and gates across sublayers. Attention and the head's FP8 matmuls and cross-entropy
-    are opaque custom ops inside it (no Triton templates to compile); the fused MLP kernels (hp.fused_mlp on CUDA
-    with bf16/fp16 matrices) are traced into it as user-defined Triton kernels, launched from inductor's code
-    (kernels/mlp.py says why). The loss uses the Triton cross-entropy kernel on CUDA and its PyTorch reference
-    on the CPU. The FP8 head is chosen here, once: hp.fp8_head and fp8_head_support(device), else the same matmul
-    in the parameters' dtype (always, in val_step)."""
+    documents is a dynamic dimension): the layers and the head with its loss, so that a micro-step costs the host
+    a handful of calls and inductor fuses the residual updates, norms and gates across sublayers. Attention and
+    the head's FP8 matmuls and cross-entropy are custom ops inside it; the fused MLP's kernels (hp.fused_mlp, CUDA,
+    bf16 matrices) are traced into it as user-defined Triton kernels (kernels/mlp.py says why). The FP8 head is
+    chosen here, once: hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -1177,7 +1088,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
     if device.type == "cuda":  # the CPU runs the CE reference
         head_path += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
                       "; CE forward and backward kernels (--no-ce-grad-in-forward)")
-    fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype in ("bfloat16", "float16")
+    fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
     mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
                 + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
                                                              f"not {device.type} {hp.param_dtype})"))
@@ -1262,8 +1173,7 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 
 class StepKernels(NamedTuple):
-    """The optimizer's kernels: our Triton kernels on CUDA; on the CPU their PyTorch references (the same math;
-    Triton's interpreter would cost seconds per smoke step, and tests/test_<kernel>.py test the kernels)."""
+    """The optimizer's kernels: ours on CUDA, their PyTorch references on the CPU (tests/test_<kernel>.py)."""
     momentum: object  # nesterov_momentum(grad, buf, momentum) -> X bf16
     polar: object  # polar_express(X, normalized=True)
     normuon: object  # normuon_update(o, v2, master, lr_mul, param_out, lr=, beta2=, wd=)
@@ -1284,29 +1194,28 @@ class StepKernels(NamedTuple):
 
 
 class Group:
-    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded) and this rank's optimizer
-    shard. slow: stepped only every adam_every steps (slow_adam_step), on the gradients summed since its last update."""
+    """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded to a multiple of the world
+    size) and this rank's optimizer shard, rows lo .. lo + shard_rows."""
 
     def __init__(self, name, param, d):
         self.name, self.param, self.spec = name, param, PARAMS[name]
         self.muon = self.spec.optim == "muon"
         self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
-        self.rows_pad = -(-self.rows // d.world) * d.world  # a multiple of the world size
-        self.k = self.rows_pad // d.world
-        self.lo = d.rank * self.k
-        # My rows are the whole parameter (world size 1): a parameter with a master (bf16 matrices, the banks) is
-        # updated in place by the kernels (sync_shard_param).
-        self.in_place = self.k == self.rows and (self.muon or param.dtype != torch.float32)
+        self.rows_pad = -(-self.rows // d.world) * d.world
+        self.shard_rows = self.rows_pad // d.world
+        self.lo = d.rank * self.shard_rows
+        # world size 1: the kernels update a parameter with a master (bf16 matrices, the banks) in place
+        self.in_place = self.shard_rows == self.rows and (self.muon or param.dtype != torch.float32)
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
                          torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
         self.reset_state()
 
     def shard_of(self, full):
-        """My rows of a full (unpadded) tensor, zero-padded to k rows, fp32."""
-        out = torch.zeros((self.k, *full.shape[1:]), dtype=torch.float32, device=full.device)
-        hi = min(self.lo + self.k, self.rows)
+        """My rows of a full (unpadded) tensor, zero-padded to shard_rows rows, fp32."""
+        out = torch.zeros((self.shard_rows, *full.shape[1:]), dtype=torch.float32, device=full.device)
+        hi = min(self.lo + self.shard_rows, self.rows)
         if hi > self.lo:
             out[:hi - self.lo] = full[self.lo:hi].float()
         return out
@@ -1319,18 +1228,15 @@ class Group:
         if self.muon:
             M, N = p.shape[1:]
             self.mom = torch.zeros_like(self.master)
-            self.v2 = torch.zeros((self.k, M, 1) if M >= N else (self.k, 1, N), dtype=torch.float32,
-                                  device=p.device)
+            self.v2 = torch.zeros((self.shard_rows, M, 1) if M >= N else (self.shard_rows, 1, N),
+                                  dtype=torch.float32, device=p.device)
         else:
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
 
     def sync_shard_param(self):
-        """The parameter-dtype copy of my rows that is all-gathered. Muon's kernel writes it next to the master
-        (its own buffer, also for fp32 parameters); fp32 Adam parameters have no master: it is the shard. With
-        in_place it is the parameter itself, which already holds the master rounded wherever a master is set (the
-        initial parameter; at the untie the embedding, which the tied steps made the head's transpose; a
-        checkpoint's parameters): the kernels write the parameter, and the gather's copy onto itself is a no-op."""
+        """The parameter-dtype copy of my rows that is all-gathered (fp32 Adam rows: the master itself; in_place:
+        the parameter, which holds the master rounded wherever a master is set, so the gather copies nothing)."""
         self.shard_param = self.param.data if self.in_place else self.master.to(self.param.dtype, copy=self.muon)
 
     def state_tensors(self):
@@ -1338,42 +1244,58 @@ class Group:
         return {k: getattr(self, k) for k in keys}
 
 
+class StepPlan(NamedTuple):
+    """What the optimizer does at one step: a function of the step number and the tables (step_plan)."""
+    tied: bool  # a PARAMS row with tied_to is its partner's transpose (before untie_step)
+    groups: tuple  # the rows that step, in PARAMS order: the slow Adam rows only at a slow Adam step
+    early: frozenset  # the rows whose reduce-scatter the last backward starts once their gradient is complete
+
+
+def step_plan(hp, step, embed_accs=False):
+    """The StepPlan of training step ``step``. While tied, a tied row's gradient goes to its partner, so its own
+    reduce-scatter never starts, and the partner's waits for both gradients. embed_accs (ModelFns.embed_accs): the
+    embedding lookups add the tables' gradients (PARAMS' rows outside the region) into their accumulators, complete
+    only after the backward, so their reduce-scatters (and a tied partner's) start in Optimizer.step instead."""
+    slow = slow_adam_step(hp, step)
+    tied = step < untie_step(hp)
+    groups = tuple(n for n, p in PARAMS.items() if slow or p.optim == "muon" or not p.slow)
+    late = {n for n, p in PARAMS.items() if embed_accs and not p.region}
+    if tied:
+        late |= {n for n, p in PARAMS.items() if p.tied_to} | {p.tied_to for n, p in PARAMS.items() if n in late}
+    return StepPlan(tied, groups, frozenset(groups) - late)
+
+
+class LastBackward(NamedTuple):
+    """The runtime state of a step's last backward: its plan, the reduce-scatters its hooks started (name -> (work,
+    shard)) and the tied rows whose gradients are complete."""
+    plan: StepPlan
+    started: dict
+    complete: set
+
+
 class Optimizer:
     """Sharded NorMuon (the banks) and AdamW (the rest) over the parameters of PARAMS, one Group each.
 
-    Use per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32
-    accumulator), before_last_backward(slow) ahead of the last one (due reduce-scatters then start during it),
-    then step(). Between two slow steps the slow groups' accumulators keep summing (pending). untie() gives the
-    embedding its own state; state_dict / load_state_dict hold this rank's shards.
-    With hp.embed_grad_to_acc (CUDA) the embedding lookups are given embedding_accs(): their backward adds
-    straight into these groups' accumulators (bitwise what the hooks' fold of the dense gradient gives) and leaves
-    their .grad None, so their hooks find nothing; step() starts their reduce-scatters (and while tied the head's,
-    after folding the embedding's accumulator into it), as for any group the backward did not start."""
+    Per step: the backward of every micro-step (the hooks fold each gradient into its group's fp32 accumulator),
+    last_backward(plan) ahead of the last one, then step(plan). With hp.embed_grad_to_acc (CUDA) the embedding
+    lookups add their gradients straight into the accumulators (embedding_accs(): bitwise the hooks' fold of the
+    dense gradient) and leave the tables' .grad None. untie() gives the tied row (PARAMS' tied_to) its own state."""
 
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
-        self.k = StepKernels.on(d.device)
+        self.kernels = StepKernels.on(d.device)
         self.groups = {n: Group(n, params[n], d) for n in PARAMS}
+        self.tie = next((n, p.tied_to) for n, p in PARAMS.items() if p.tied_to)  # (the tied row, its partner)
         self._embedding_accs = None  # embedding_accs(), made on first use
-        self.tied = True
-        self.pending = False  # the slow groups' accumulators hold gradients of skipped steps
-        # Overlap: during the backward of a step's last micro-step (final is set: whether the slow groups are due)
-        # each group's reduce-scatter starts as soon as its gradient is complete (hook below); step() starts
-        # the others. launched: name -> (work, shard); tied_final: which of embed / lm_head are complete.
-        self.final, self.launched, self.tied_final = None, {}, set()
+        self.tied = True  # the tied row has no optimizer state of its own (untie() gives it one)
+        self.pending = False  # the slow groups' accumulators hold the gradients of steps they skipped
+        self.last = None  # LastBackward during a step's last backward, until step()
         for g in self.groups.values():
             g.param.register_post_accumulate_grad_hook(lambda p, g=g: self._grad_ready(g))
         for g in self.groups.values():
             if g.muon:  # per-matrix lr multiplier of my rows: odd global indices are W_proj^T with proj
-                idx = torch.arange(g.lo, g.lo + g.k, device=d.device)
+                idx = torch.arange(g.lo, g.lo + g.shard_rows, device=d.device)
                 g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
-
-    @torch.no_grad()
-    def accumulate(self):
-        """acc += grad (fp32 add, one rounding) for gradients still held by the parameters, and frees them: for
-        gradients set by hand (tests); in a backward the hook below has done this already."""
-        for g in self.groups.values():
-            self._fold(g)
 
     def embedding_accs(self):
         """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
@@ -1389,89 +1311,83 @@ class Optimizer:
                 "bigram_embed": g["bigram_embed"].acc[:g["bigram_embed"].rows]}
         return self._embedding_accs
 
-    @staticmethod
-    def _fold(g):
-        """acc += grad and free the gradient; False when the parameter holds none."""
-        if g.param.grad is None:
-            return False
-        g.acc[:g.rows].add_(g.param.grad)
-        g.param.grad = None
-        return True
+    def _fold_tied(self):
+        """Add the tied row's accumulated gradient, transposed, into its partner's."""
+        tied, partner = (self.groups[n] for n in self.tie)
+        self.kernels.transpose_add(tied.acc[:tied.rows], partner.acc[:partner.rows])
 
     @torch.no_grad()
     def _grad_ready(self, g):
-        """Post-accumulate-grad hook of g's parameter, once per backward when its gradient is complete: fold it
-        into the fp32 accumulator (as accumulate does), and in the last micro-step start the group's
-        reduce-scatter if it is due. While tied, the head's waits for both the head's and the embedding's
-        gradients (the embedding's is added to it first, as step() would). A table whose lookups added into its
-        accumulator (embedding_accs) has no gradient here: nothing to do, step() starts its reduce-scatter, and
-        while tied the head's (tied_final never holds "embed")."""
-        if not self._fold(g):
+        """Post-accumulate-grad hook, once per backward when g's gradient is complete: acc += grad (one fp32
+        rounding of each bf16 partial). In the last backward g's reduce-scatter starts if the plan has it early;
+        while tied, the partner's waits for both gradients (the tied row's added to it first)."""
+        if g.param.grad is None:
             return
-        if self.final is None or (g.slow and not self.final):
+        g.acc[:g.rows].add_(g.param.grad)
+        g.param.grad = None
+        if self.last is None:
             return
-        if self.tied and g.name in ("embed", "lm_head"):
-            self.tied_final.add(g.name)
-            if len(self.tied_final) < 2:
+        plan, started, complete = self.last
+        if plan.tied and g.name in self.tie:
+            complete.add(g.name)
+            if len(complete) < 2 or self.tie[1] not in plan.early:
                 return
-            head, emb = self.groups["lm_head"], self.groups["embed"]
-            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
-            g = head
-        self.launched[g.name] = reduce_scatter_sum(self.d, g.acc)
+            self._fold_tied()
+            g = self.groups[self.tie[1]]
+        elif g.name not in plan.early:
+            return
+        started[g.name] = reduce_scatter_sum(self.d, g.acc)
 
-    def before_last_backward(self, slow):
-        """Call before the backward of a step's last micro-step: during it, each group whose gradient is then
-        complete starts its reduce-scatter (the slow groups only when ``slow``: their step is due)."""
-        self.final = slow
+    def last_backward(self, plan):
+        """Before the last micro-step's backward: the plan's early reduce-scatters start during it."""
+        self.last = LastBackward(plan, {}, set())
 
     def reset(self):
         self.tied = True
         self.pending = False
-        self.final, self.launched = None, {}
-        self.tied_final.clear()
+        self.last = None
         for g in self.groups.values():
             g.acc.zero_()
             g.reset_state()
 
     def untie(self):
-        """Give the embedding the LM head's (transposed) Adam state, then update both separately."""
-        head, emb = self.groups["lm_head"], self.groups["embed"]
-        if self.pending:  # gradients of skipped tied steps: fold the embedding's into the head's, as a tied step does
-            self.k.transpose_add(emb.acc[:emb.rows], head.acc[:head.rows])
-            emb.acc.zero_()
+        """Give the tied row its partner's (transposed) Adam state, then update both separately."""
+        tied, partner = (self.groups[n] for n in self.tie)
+        if self.pending:  # gradients of skipped tied steps: fold the tied row's into its partner's, as a tied step does
+            self._fold_tied()
+            tied.acc.zero_()
         full = {}
         for key in ("master", "exp_avg", "exp_avg_sq"):
-            buf = torch.empty((head.rows_pad, *head.param.shape[1:]), dtype=torch.float32, device=self.d.device)
-            work = all_gather_rows(self.d, getattr(head, key), buf)
+            buf = torch.empty((partner.rows_pad, *partner.param.shape[1:]), dtype=torch.float32, device=self.d.device)
+            work = all_gather_rows(self.d, getattr(partner, key), buf)
             if work is not None:
                 work.wait()
-            full[key] = buf[:head.rows].T
+            full[key] = buf[:partner.rows].T
         for key, t in full.items():
-            setattr(emb, key, emb.shard_of(t))
-        emb.sync_shard_param()
-        emb.step = head.step
+            setattr(tied, key, tied.shard_of(t))
+        tied.sync_shard_param()
+        tied.step = partner.step
         self.tied = False
 
     @torch.no_grad()
-    def step(self, step, lr_mul, momentum, slow=True):
-        """One optimizer step on the accumulated gradients. slow=False leaves the slow Adam groups alone: their
-        accumulators keep summing until the next step with slow=True, which updates them at its lr (the summed
-        gradient is not averaged, as in the public record). Order: the reduce-scatters the last backward did not
-        start are started in PARAMS order; the Adam groups' updates wait for all Adam reduce-scatters and run as one
-        fused_adamw_multi_step call, then their all-gathers start while Muon works on the banks."""
+    def step(self, plan, lr_mul, momentum):
+        """One step of plan.groups on their accumulated gradients (the slow Adam groups left out keep summing, not
+        averaged, as in the public record). The reduce-scatters the last backward did not start start in PARAMS
+        order; the Adam updates wait for all of theirs and run as one fused_adamw_multi_step call, then their
+        all-gathers start while Muon works on the banks."""
         d = self.d
-        names = [n for n, g in self.groups.items() if slow or not g.slow]  # in PARAMS order
-        if self.final is not None and self.final != slow:
-            raise RuntimeError(f"Optimizer.step(slow={slow}) after a backward prepared for slow={self.final}")
-        if slow and self.tied and "lm_head" not in self.launched:
-            self.k.transpose_add(self.groups["embed"].acc[:self.groups["embed"].rows],
-                          self.groups["lm_head"].acc[:self.groups["lm_head"].rows])
-        for name in names:  # the reduce-scatters the backward did not start, in PARAMS order
-            if name not in self.launched and not (name == "embed" and self.tied):
-                self.launched[name] = reduce_scatter_sum(d, self.groups[name].acc)
-        launched = [(self.groups[n], *self.launched[n]) for n in names if n in self.launched]
-        self.final, self.launched = None, {}
-        self.tied_final.clear()
+        if plan.tied != self.tied or (self.last is not None and self.last.plan != plan):
+            raise RuntimeError(f"Optimizer.step: the plan (tied={plan.tied}) is not the optimizer's (tied="
+                               f"{self.tied}) or its last backward's")
+        started = {} if self.last is None else self.last.started
+        self.last = None
+        tied, partner = self.tie
+        if plan.tied and partner in plan.groups and partner not in started:
+            self._fold_tied()
+        for name in plan.groups:  # the reduce-scatters the backward did not start, in PARAMS order
+            if name not in started and not (plan.tied and name == tied):
+                started[name] = reduce_scatter_sum(d, self.groups[name].acc)
+        launched = [(self.groups[n], *started[n]) for n in plan.groups if n in started]
         adam = []
         for g, work, grad in launched:
             if not g.muon:
@@ -1491,15 +1407,14 @@ class Optimizer:
                 work.wait()
             if g.gathered is not g.param.data:
                 g.param.data.copy_(g.gathered[:g.rows])
-            if g.name == "lm_head" and self.tied:
-                self.k.transpose_copy(g.param.data, self.groups["embed"].param.data)
-        for name in names:
+            if plan.tied and g.name == partner:
+                self.kernels.transpose_copy(g.param.data, self.groups[tied].param.data)
+        for name in plan.groups:
             self.groups[name].acc.zero_()
-        self.pending = not slow
+        self.pending = any(g.slow and n not in plan.groups for n, g in self.groups.items())
 
     def _adam(self, items, lr_mul):
-        """All Adam groups of this step in one fused_adamw_multi_step call (one launch per dtype group: fp32
-        params without masters, bf16 params with fp32 masters). items: [(group, fp32 gradient shard)]."""
+        """items [(group, fp32 gradient shard)] in one fused_adamw_multi_step call (fp32 rows are their masters)."""
         hp = self.hp
         params, grads, exp_avgs, exp_avg_sqs, masters, hparams = [], [], [], [], [], []
         for g, grad in items:
@@ -1517,22 +1432,21 @@ class Optimizer:
             if fp32:
                 g.shard_param = g.master
         if params:  # the record's cautious decay: only where the step already shrinks the parameter
-            self.k.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
+            self.kernels.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
 
     def _muon(self, g, grad, lr_mul, momentum):
         hp = self.hp
         M, N = g.param.shape[1:]
-        x = self.k.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
-        o = self.k.polar(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
+        x = self.kernels.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
+        o = self.kernels.polar(x, normalized=True)  # (shard_rows, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
         # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
         # the cast to the parameter dtype, fused (kernels.normuon).
-        self.k.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
-                       wd=hp.muon_wd * hp.muon_lr * lr_mul)
+        self.kernels.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+                             wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
-        """Per rank. Between two slow Adam steps (pending) the slow groups' accumulators (this rank's unreduced
-        gradient sums) are part of the state, so a resumed run continues bitwise."""
+        """This rank's state; between two slow Adam steps (pending) also the slow groups' accumulators."""
         sd = {"tied": self.tied, "pending": self.pending,
               "groups": {n: {"step": g.step, **{k: v.cpu() for k, v in g.state_tensors().items()}}
                          for n, g in self.groups.items()}}
@@ -1555,28 +1469,6 @@ class Optimizer:
 
 # -----------------------------------------------------------------------------
 # Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
-
-
-def fit_to_data(hp, train_files, val_files, bos_id=None):
-    """Check every shard's ids against the vocabulary, or (vocab_from_data) take the vocabulary from them: ids
-    must lie in GPT-2's vocabulary (the tokenizer of --sample and --hellaswag), vocab_size is the largest id + 1
-    rounded up to 128, and the document separator is bos_id when stated (--bos-id), else read from the data's
-    document structure: a shard is written from a document's start, so the first token of the first training
-    shard is the separator, and the first validation shard must start with the same id. (The largest id is no
-    separator: one stray id above the BOS would take its place.)"""
-    files = list(train_files) + list(val_files)
-    if not hp.vocab_from_data:
-        check_token_ids(files, hp.vocab_size)
-        return hp
-    top = check_token_ids(files, GPT2_VOCAB, f"GPT-2's vocabulary of {GPT2_VOCAB} ids (--vocab-from-data)")
-    if bos_id is None:
-        bos_id = int(load_shard(train_files[0], mmap=True)[0])
-        first_val = int(load_shard(val_files[0], mmap=True)[0])
-        if first_val != bos_id:
-            raise ShardError(f"{val_files[0]}: starts with token id {first_val}, but {train_files[0]} starts with "
-                             f"{bos_id}: the first token of a shard begins a document and should be the separator "
-                             f"(BOS) in both; state it with --bos-id")
-    return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
 
 
 class TrainLoader:
@@ -1692,190 +1584,6 @@ class TrainLoader:
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that is missing, damaged or does not fit this run; main() prints it as one line."""
-
-
-# Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
-RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
-                     "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "cpp_wrapper")
-# Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
-RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
-
-
-def fsync_dir(path):
-    """Make a folder's entries (a new file, a rename) durable: fsync of the folder itself."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def hold_run_folder(folder):
-    """Create a run's checkpoint folder (CHECKPOINT_DIR/RUN_ID, at its first save, by rank 0) and hold an exclusive
-    flock on it for the rest of this process: the descriptor is never closed, and the kernel drops the lock when the
-    process ends, however it ends (kill -9 included). So run_is_live tells a live run's save in progress
-    (step_NNNNNN.tmp) from one that a stopped run left behind. On a file system without flock the folder stays
-    unlocked (and run_is_live calls every run there live)."""
-    Path(folder).mkdir(parents=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        os.close(fd)
-
-
-def run_is_live(folder):
-    """Whether the run folder ``folder`` may belong to a live run: a process holds its lock (hold_run_folder), or
-    the file system cannot tell (no flock). False for a folder that is gone."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # our own lock, if we get it, goes with the close below
-        return False
-    except OSError:  # BlockingIOError: held by a live process
-        return True
-    finally:
-        os.close(fd)
-
-
-def unfinished_saves(checkpoint_dir):
-    """The step_NNNNNN.tmp folders in CHECKPOINT_DIR/*/ whose run is not live (run_is_live): saves (or --keep-last
-    deletions) that a stopped run never finished. They hold no checkpoint; nothing reads them."""
-    return sorted(t for t in Path(checkpoint_dir).glob("*/step_*.tmp") if not run_is_live(t.parent))
-
-
-def checkpoints_of(folder):
-    """The complete checkpoint folders step_NNNNNN of a run folder, oldest first."""
-    done = [p for p in Path(folder).glob("step_*") if not p.name.endswith(".tmp")]
-    return sorted(done, key=lambda p: int(p.name[len("step_"):]))
-
-
-def save_checkpoint(ckpt_dir, step, params, opt, loader_state, train_time_ms, d, hp, log_path=None, keep_last=0):
-    """ckpt_dir/step_NNNNNN with one rank<r>.pt per rank (rank 0's also holds the parameters), written
-    atomically: every rank writes and fsyncs its file in step_NNNNNN.tmp, and once all have (a barrier) rank 0
-    renames the folder, so a checkpoint folder is complete or absent, whenever the run is killed. The folder
-    under ckpt_dir belongs to this run (its run id is never reused; rank 0 locks it, hold_run_folder), so the .tmp
-    name needs no suffix. The state also names the run (its id and log_path): a run resumed from it names them in
-    its log's header. keep_last > 0: rank 0 then deletes all but the newest keep_last checkpoints of ckpt_dir, each
-    renamed to step_NNNNNN.tmp first, so a kill midway leaves no partial folder under a checkpoint's name."""
-    path = Path(ckpt_dir) / f"step_{step:06d}"
-    tmp = path.with_name(path.name + ".tmp")
-    if d.rank == 0:
-        if not path.parent.exists():
-            hold_run_folder(path.parent)
-        tmp.mkdir()
-    if d.world > 1:
-        dist.barrier()
-    state = {"step": step, "world_size": d.world, "optimizer": opt.state_dict(), "loader": loader_state,
-             "train_time_ms": train_time_ms, "rng": torch.get_rng_state(),
-             "hyperparameters": dataclasses.asdict(hp),
-             "run": {"id": path.parent.name, "log": None if log_path is None else str(log_path)}}
-    if d.rank == 0:
-        state["params"] = {k: v.detach().cpu() for k, v in params.items()}
-    with open(tmp / f"rank{d.rank}.pt", "xb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if d.world > 1:
-        dist.barrier()
-    if d.rank == 0:
-        fsync_dir(tmp)
-        os.rename(tmp, path)
-        fsync_dir(path.parent)
-        if keep_last > 0:
-            for old in checkpoints_of(path.parent)[:-keep_last]:
-                gone = old.with_name(old.name + ".tmp")
-                os.rename(old, gone)
-                shutil.rmtree(gone)
-    return path
-
-
-def read_checkpoint(path, rank, mmap=False):
-    """The state rank `rank` saved in the checkpoint folder `path`, on the CPU; a CheckpointError naming the
-    folder or file when it is unfinished, missing or cannot be read. mmap: tensors stay in the file (a cheap
-    look at the metadata)."""
-    path = Path(path)
-    if path.name.endswith(".tmp"):
-        raise CheckpointError(f"{path} is an unfinished checkpoint (its run stopped while saving it); use a "
-                              f"step_NNNNNN folder")
-    f = path / f"rank{rank}.pt"
-    if not f.is_file():
-        raise CheckpointError(f"no checkpoint at {path} (expected {f})")
-    try:
-        state = torch.load(f, map_location="cpu", weights_only=False, mmap=mmap)
-    except Exception as e:  # torch raises RuntimeError (zip), EOFError or UnpicklingError for a damaged file
-        if not zipfile.is_zipfile(f):  # torch.save writes a zip archive, its index at the end: a cut file has none
-            raise CheckpointError(f"{f}: damaged checkpoint file: truncated, or not written by torch.save (it is "
-                                  f"no complete zip archive)") from None
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        raise CheckpointError(f"{f}: damaged checkpoint file, torch.load failed ({type(e).__name__}: "
-                              f"{reason})") from None
-    if not isinstance(state, dict) or "hyperparameters" not in state:
-        raise CheckpointError(f"{f}: not a checkpoint of train_gpt.py (no hyperparameters in it)")
-    return state
-
-
-def check_same_settings(path, saved, mine, names):
-    """CheckpointError for the first hyperparameter of ``names`` (field names) whose value in this run (mine) is
-    not the checkpoint's (saved), unless RESUME_MAY_DIFFER lets it."""
-    for k in names:
-        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
-            what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
-                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
-            raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
-
-
-def check_resume_flags(hp, path, given):
-    """Before the settings are checked (check_settings): the hyperparameters given on the command line (given:
-    field names) against the --resume checkpoint's, so that a changed --num-layers is named rather than the
-    --long-window-layers it leaves out of range. The vocabulary that --vocab-from-data takes from the shards is
-    left to check_resume."""
-    saved = read_checkpoint(path, 0, mmap=True)["hyperparameters"]
-    derived = ("vocab_size",) if hp.vocab_from_data else ()
-    check_same_settings(path, saved, dataclasses.asdict(hp), [k for k in given if k not in derived])
-
-
-def check_resume(hp, path, d):
-    """Refuse (CheckpointError, one line) a --resume checkpoint that cannot continue this run: a rank file
-    missing or damaged, another world size, or a hyperparameter (the schedule and the seed included) other than
-    this run's, naming the first that differs (those given on the command line were compared first, by
-    check_resume_flags); only RESUME_MAY_DIFFER may. Tensors are not read (mmap): this runs before the log opens
-    and the model is built. Returns what the resumed run continues: {"checkpoint", "step", "id", "log"} (id and log
-    of the run that saved it; for a checkpoint that does not name its run, its folder's name and None)."""
-    ck = read_checkpoint(path, 0, mmap=True)
-    if ck["world_size"] != d.world:
-        raise CheckpointError(f"--resume {path}: checkpoint written by {ck['world_size']} ranks, this run has "
-                              f"{d.world}: the sharded optimizer state needs the same world size")
-    for r in range(1, d.world):
-        read_checkpoint(path, r, mmap=True)
-    saved, mine = ck["hyperparameters"], dataclasses.asdict(hp)
-    unknown = [k for k in saved if k not in mine and k not in RETIRED_SETTINGS]
-    check_same_settings(path, saved, mine, list(mine) + unknown)
-    run = ck.get("run") or {"id": Path(path).resolve().parent.name, "log": None}
-    return {"checkpoint": str(path), "step": ck["step"], **run}
-
-
-def load_checkpoint(path, params, opt, d):
-    """Load this rank's state (and rank 0's parameters) into params and opt; returns the state. Checked first
-    by check_resume."""
-    mine = read_checkpoint(path, d.rank)
-    p0 = mine if d.rank == 0 else read_checkpoint(path, 0)
-    with torch.no_grad():
-        for k, v in p0["params"].items():
-            params[k].copy_(v)
-    opt.load_state_dict(mine["optimizer"])
-    torch.set_rng_state(mine["rng"])
-    return mine
-
-
-# -----------------------------------------------------------------------------
 # Training
 
 
@@ -1908,7 +1616,7 @@ class Trainer:
         self.hellaswag = HellaSwag(hp, d, BLOCK) if hp.hellaswag_every > 0 else None
 
     def reset(self):
-        """Back to the freshly initialised state (after the compile warmup)."""
+        """Back to the initial state (after the compile warmup)."""
         with torch.no_grad():
             for k, v in self.params.items():
                 v.copy_(self.initial[k])
@@ -1921,16 +1629,16 @@ class Trainer:
         want_loss, else None. clock: a run_log.StepClock (the timed loop's): the host waits for the previous step
         once this step's first micro-batch is queued, the loss goes to the clock, and None is returned."""
         hp = self.hp
-        if step == untie_step(hp) and self.opt.tied:
+        plan = step_plan(hp, step, self.fns.embed_accs)
+        if self.opt.tied and not plan.tied:  # the first untied step: the embedding gets its own optimizer state
             self.opt.untie()
         windows = windows_at(hp, step)
         total = None
-        slow = slow_adam_step(hp, step)
         mbs = self.loader.next()
         head8 = self.fns.head_operands(self.params["lm_head"])  # the head changes only in opt.step, below
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
-                self.opt.before_last_backward(slow)
+                self.opt.last_backward(plan)
             # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
             accs = self.opt.embedding_accs() if self.fns.embed_accs else None
             loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
@@ -1942,7 +1650,7 @@ class Trainer:
             if i == 0 and clock is not None:
                 clock.wait()  # the previous step's end, while the device runs this first micro-batch
         with torch.profiler.record_function("optimizer_step"):  # a named GPU range in --profile-steps traces
-            self.opt.step(step, lr_factor(hp, step), muon_momentum(hp, step), slow=slow)
+            self.opt.step(plan, lr_factor(hp, step), muon_momentum(hp, step))
         if want_loss and self.d.world > 1:
             dist.all_reduce(total)
         if clock is not None:
@@ -1967,12 +1675,10 @@ class Trainer:
 
 
 def warmup(trainer, log=None):
-    """Untimed: one training step of every distinct micro-batch shape (the first stage's two steps: without and
-    with the slow Adam groups), the untie and an untied slow step, one validation micro-batch and (with
-    --hellaswag-every) one HellaSwag pack, so that compilation, the first launch of every Triton kernel and
-    autotuning happen here; then a full state reset. Returns [(phase, seconds)]: the wall time of each phase
-    (compiling, then running once), also logged as each ends (``compile_phase:`` lines: a long compile shows
-    where it is)."""
+    """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
+    every micro-batch shape (the first stage's with and without the slow Adam groups), the untie and an untied slow
+    step, a validation micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Returns
+    [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
 
@@ -1995,11 +1701,13 @@ def warmup(trainer, log=None):
         steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
         for t in steps:  # the first stage also steps once with and once without the slow Adam groups
             timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
-    if trainer.opt.tied:  # a slow step: the untied Adam update (the embedding its own tensor) runs once too
-        last = next(s for s in range(stage_bounds(hp)[-1][0], hp.total_steps) if slow_adam_step(hp, s))
+    # An untied slow step (the last stage's first, or the first after the untie): the untie and the untied Adam
+    # update (the embedding its own tensor) run once too.
+    start = max(untie_step(hp), stage_bounds(hp)[-1][0])
+    last = next((s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
+    if trainer.opt.tied and last is not None:
         trainer.loader.rewind(last)
-        timed(f"untie + untied step {last}",
-              lambda: (trainer.opt.untie(), trainer.train_step(last, want_loss=False)))
+        timed(f"untie + untied step {last}", lambda: trainer.train_step(last, want_loss=False))
     timed(f"validation T={hp.val_micro_tokens}",
           lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
@@ -2012,147 +1720,10 @@ def warmup(trainer, log=None):
     return phases
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) during a run. timed_loop raises it with the steps done (step); run_training adds the line
-    saying where the run can resume from (message) and logs it; main() prints that line and exits with code 130."""
-
-    def __init__(self, step=None, message=None):
-        super().__init__(message or "")
-        self.step, self.message = step, message
-
-
-def timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed, keep_last=0):
-    """Steps start_step .. total_steps with validations, HellaSwag and checkpoints (keep_last: save_checkpoint's);
-    the clock stops during each. Returns (train time in ms, {stage index: [step times in ms]}). Ctrl-C raises
-    Interrupted with the steps done."""
-    hp, d = trainer.hp, trainer.d
-
-    def sync():
-        if d.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    @contextlib.contextmanager
-    def clock_stopped():  # train_ms counts up to here (the device's queued work done); the block is not timed
-        nonlocal train_ms, t0, t_prev
-        clock.wait()
-        log_finished()
-        sync()
-        train_ms += 1000 * (time.perf_counter() - t0)
-        yield
-        sync()
-        t0, t_prev = time.perf_counter(), None
-
-    T_total = hp.total_steps
-    stage_ms = {}
-    clock = StepClock(d.device)  # a step's line and time: when the device finished it (run_log.StepClock)
-    t_prev = None  # when the step before the next finished one did (None: the clock's start)
-
-    def log_finished():
-        nonlocal t_prev
-        for s, t, loss in clock.finished():
-            approx = train_ms + 1000 * (t - t0)
-            stage_ms.setdefault(stage_at(hp, s)[0], []).append(1000 * (t - (t0 if t_prev is None else t_prev)))
-            t_prev = t
-            tail = f" train_loss:{loss:.6f}" if loss is not None else ""
-            log(f"step:{s + 1}/{T_total} train_time:{approx:.0f}ms step_avg:{approx / (s + 1):.2f}ms{tail}")
-
-    # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
-    # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
-    gc.collect()
-    gc.freeze()
-    step = start_step
-    try:
-        sync()
-        t0 = time.perf_counter()
-        for step in range(start_step, T_total + 1):
-            last = step == T_total
-            first = step == start_step and resumed
-            if last or (hp.val_every > 0 and step % hp.val_every == 0):
-                with clock_stopped():
-                    windows, yarn_long = val_windows(hp, step)
-                    val = trainer.validate(windows, yarn_long=yarn_long)
-                    log(f"step:{step}/{T_total} val_loss:{val:.4f} train_time:{train_ms:.0f}ms "
-                        f"step_avg:{train_ms / max(step, 1):.2f}ms")
-            if trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0):
-                with clock_stopped():
-                    model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
-                                         windows_at(hp, min(step, T_total - 1)))
-                    res = trainer.hellaswag.evaluate(model)
-                    log(f"step:{step}/{T_total} hellaswag_acc_norm:{res['acc_norm']:.4f}")
-            if (last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)) and not first:
-                with clock_stopped():
-                    save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, train_ms, d,
-                                    hp, getattr(log, "path", None), keep_last)
-            if last:
-                break
-            trainer.train_step(step, hp.log_train_loss, clock=clock)
-            log_finished()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT): run_training says where to resume from
-        raise Interrupted(step) from None
-    finally:
-        trainer.loader.close()
-        gc.unfreeze()  # frozen objects are never collected, and Triton's bindings report theirs as leaked at exit
-    return train_ms, stage_ms
-
-
-SMOKE_CORPUS = "data/smoke"  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
-
-
-def smoke_corpus(hp, args, d):
-    """--smoke with the default --train-files and --val-files both matching no file: hp reading the byte-level
-    corpus of this repository's *.py and *.md files (data/smoke_corpus.py), written to SMOKE_CORPUS unless it is
-    there, said in one line. Otherwise hp as it is: globs given on the command line are used as given."""
-    given = args.train_files is not None or args.val_files is not None
-    if not args.smoke or given or glob.glob(hp.train_files) or glob.glob(hp.val_files):
-        return hp
-    train_files, val_files, made = write_smoke_corpus(SMOKE_CORPUS)
-    if d.rank == 0:
-        print(f"no shards match {hp.train_files}: --smoke trains on this repository's *.py and *.md files as bytes "
-              f"(vocabulary 384, BOS 256), {'written to' if made else 'read from'} {SMOKE_CORPUS}/", flush=True)
-    return dataclasses.replace(hp, train_files=train_files, val_files=val_files)
-
-
-def given_hyperparameters(args):
-    """The hyperparameters whose flags the command line gives (field names, in the dataclass's order)."""
-    return [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
-
-
-def tidy_checkpoints(args, log):
-    """Rank 0, as a run starts: with --resume, the unfinished saves (step_NNNNNN.tmp) of the run it continues are
-    removed when that run is not live; any other stopped run's in CHECKPOINT_DIR are named in one line and left
-    alone (unfinished_saves: a live run's save in progress is neither)."""
-    continued = Path(args.resume).parent if args.resume else None
-    if continued is not None and not run_is_live(continued):
-        for tmp in sorted(continued.glob("step_*.tmp")):
-            shutil.rmtree(tmp)
-            log(f"removed_unfinished_save: {tmp} (left by the run this one continues)")
-    others = unfinished_saves(args.checkpoint_dir)
-    if others:
-        log(f"unfinished_saves: {', '.join(map(str, others))} (left by runs stopped while saving; no checkpoint, "
-            f"ignored; delete them)")
-
-
-def last_checkpoint(ckpt_dir, resume):
-    """The newest complete checkpoint of the run (ckpt_dir), else the one it resumed from (resume), else None."""
-    done = checkpoints_of(ckpt_dir) if Path(ckpt_dir).is_dir() else []
-    return done[-1] if done else resume
-
-
-def interrupted_message(step, hp, checkpoint, args):
-    """The line main() prints after Ctrl-C, and the log's run_interrupted: line: the steps done (step, None before
-    the timed loop) and how to resume."""
-    where = "before the timed steps" if step is None else f"at step {step}/{hp.total_steps}"
-    if checkpoint is None:
-        return f"interrupted {where}; no checkpoint saved yet (--save-every N saves one every N steps)"
-    run_id = " and a new --run-id" if args.run_id else ""
-    return (f"interrupted {where}; last checkpoint: {checkpoint} (resume: the same command with --resume "
-            f"{checkpoint}{run_id})")
-
-
-def run_training(hp, args, d):
-    """One training run: files (smoke_corpus), the --resume check, log header, then train() inside it; a run that
-    fails after the log opened ends its log with a run_failed: line, one stopped by Ctrl-C with run_interrupted:
-    (Interrupted). Returns (log path, checkpoint folder)."""
+def train(hp, args, d):
+    """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
+    and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
+    run_failed:, Ctrl-C with run_interrupted: (cli.Interrupted). Returns (log path, checkpoint folder)."""
     hp = smoke_corpus(hp, args, d)
     train_files, val_files = resolve_files(hp)
     hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
@@ -2160,52 +1731,93 @@ def run_training(hp, args, d):
     run_id = args.run_id or new_run_id(d)
     log = open_log(hp, args, d, train_files, val_files, run_id, continues)
     ckpt_dir = Path(args.checkpoint_dir) / run_id
+    step = None  # the step the timed loop is at (None before it)
     try:
         if d.rank == 0:
             tidy_checkpoints(args, log)
-        train(hp, args, d, train_files, val_files, log, ckpt_dir)
-    except KeyboardInterrupt as e:
-        step = e.step if isinstance(e, Interrupted) else None
-        message = interrupted_message(step, hp, last_checkpoint(ckpt_dir, args.resume), args)
+        compiling = Compilation(hp.compile, args.compile_cache, d, log)
+        trainer = Trainer(hp, d, train_files, val_files)
+        fns = trainer.fns
+        for name, path in (("lm_head_matmul", fns.head_path), ("embedding_backward", fns.embed_path),
+                           ("mlp", fns.mlp_path), ("compile_options", fns.compile_path)):
+            log(f"{name}: {path}")
+        log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
+            f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
+        compiling.warmup(lambda: warmup(trainer, log))
+        if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
+            profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
+                           lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
+        compiling.timed_run_starts()
+        start_step, train_ms = 0, 0.0
+        if args.resume:
+            ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
+            trainer.loader.load_state(ck["loader"])
+            log(f"resumed_from: {args.resume} step {ck['step']}")
+            start_step, train_ms = ck["step"], ck["train_time_ms"]
+        if d.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        T = hp.total_steps
+        clock = StepClock(d.device, train_ms)  # the train time; a step's line once the device finished it
+
+        def log_steps():
+            for s, ms, loss in clock.finished():
+                tail = f" train_loss:{loss:.6f}" if loss is not None else ""
+                log(f"step:{s + 1}/{T} train_time:{ms:.0f}ms step_avg:{ms / (s + 1):.2f}ms{tail}")
+
+        # The compile leaves many objects behind: collect the garbage before the clock starts (as record #74 does)
+        # and freeze the survivors, so that a full collection inside a timed step walks only the objects made since.
+        gc.collect()
+        gc.freeze()
+        step = start_step
+        try:
+            clock.start()
+            for step in range(start_step, T + 1):
+                last = step == T
+                validate = last or (hp.val_every > 0 and step % hp.val_every == 0)
+                hellaswag = trainer.hellaswag is not None and (last or step % hp.hellaswag_every == 0)
+                save = last or (hp.save_every > 0 and step % hp.save_every == 0 and step > 0)
+                save = save and not (args.resume and step == start_step)  # the checkpoint it resumed from
+                if validate or hellaswag or save:  # untimed: the clock stops once the queued steps are done
+                    clock.stop()
+                    log_steps()
+                    if validate:
+                        windows, yarn_long = val_windows(hp, step)
+                        val = trainer.validate(windows, yarn_long=yarn_long)
+                        log(f"step:{step}/{T} val_loss:{val:.4f} train_time:{clock.ms:.0f}ms "
+                            f"step_avg:{clock.ms / max(step, 1):.2f}ms")
+                    if hellaswag:
+                        model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache,
+                                             windows_at(hp, min(step, T - 1)))
+                        res = trainer.hellaswag.evaluate(model)
+                        log(f"step:{step}/{T} hellaswag_acc_norm:{res['acc_norm']:.4f}")
+                    if save:
+                        save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, clock.ms,
+                                        d, hp, log.path, args.keep_last)
+                    clock.start()
+                if last:
+                    break
+                trainer.train_step(step, hp.log_train_loss, clock=clock)
+                log_steps()  # on a GPU the step before this one, seen done while this one's first micro-batch ran
+        finally:
+            trainer.loader.close()
+            gc.unfreeze()  # frozen objects are never collected, and Triton's bindings report theirs as leaked at exit
+        stage_ms = {}
+        for s, ms in clock.step_ms.items():
+            stage_ms.setdefault(stage_at(hp, s)[0], []).append(ms)
+        C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
+        weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
+        tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T))
+        log_summary(log, d, tokens, clock.ms, stage_ms, weights)
+        compiling.log_recompiles()
+    except KeyboardInterrupt:  # Ctrl-C (SIGINT): say where the run can resume from
+        message = interrupted_message(step, hp.total_steps, last_checkpoint(ckpt_dir, args.resume), args)
         log(f"run_interrupted: {message}", console=False)
-        raise Interrupted(step, message) from None
+        raise Interrupted(message) from None
     except BaseException as e:
         reason = (str(e).strip().splitlines() or [""])[0]
         log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
         raise
     return log.path, ckpt_dir
-
-
-def train(hp, args, d, train_files, val_files, log, ckpt_dir):
-    """Trainer, compile warmup (compilation.Compilation), optional profile and resume, timed loop, footer."""
-    compiling = Compilation(hp.compile, args.compile_cache, d, log)
-    trainer = Trainer(hp, d, train_files, val_files)
-    log(f"lm_head_matmul: {trainer.fns.head_path}")
-    log(f"embedding_backward: {trainer.fns.embed_path}")
-    log(f"mlp: {trainer.fns.mlp_path}")
-    log(f"compile_options: {trainer.fns.compile_path}")
-    log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
-        f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
-    compiling.warmup(lambda: warmup(trainer, log))
-    if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
-        profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
-                       lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)
-    compiling.timed_run_starts()
-    start_step, train_ms = 0, 0.0
-    if args.resume:
-        ck = load_checkpoint(args.resume, trainer.params, trainer.opt, d)
-        trainer.loader.load_state(ck["loader"])
-        log(f"resumed_from: {args.resume} step {ck['step']}")
-        start_step, train_ms = ck["step"], ck["train_time_ms"]
-    if d.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    train_ms, stage_ms = timed_loop(trainer, log, start_step, train_ms, ckpt_dir, resumed=bool(args.resume),
-                                    keep_last=args.keep_last)
-    C = hp.model_dim  # the weights in matmuls per token: the banks' matrices and the LM head (for the MFU)
-    weights = len(hp.attn_layers) * 4 * C * C + hp.num_layers * 2 * hp.mlp_dim * C + C * hp.vocab_size
-    tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, hp.total_steps))
-    log_summary(log, d, tokens, train_ms, stage_ms, weights)
-    compiling.log_recompiles()
 
 
 # -----------------------------------------------------------------------------
@@ -2214,15 +1826,9 @@ def train(hp, args, d, train_files, val_files, log, ckpt_dir):
 
 @torch.no_grad()
 def sequence_logits(hp, params, fns, ids, rot_cache, rows=None, windows=None):
-    """Next-token logits of one 1-D id sequence: the model's entry (model_inputs) for evaluation and sampling.
-
-    ids (n,) int32 on the device: one or more documents, each starting with hp.bos_id (the attention mask
-    keeps them apart, like the packed documents of training). The sequence is padded on the right with BOS
-    to a multiple of BLOCK (the model is causal: padding cannot change the logits of earlier positions).
-    Returns (len(rows), real_vocab(hp)) fp32 logits at the positions ``rows`` (default: all n), the padded
-    vocabulary columns dropped. windows: (short, long) attention windows in blocks, default the last stage's.
-    Eager (nothing compiled): evaluation runs each length once or a few times.
-    """
+    """(len(rows), real_vocab(hp)) fp32 next-token logits at the positions ``rows`` (default: all) of ids (n,)
+    int32: one or more documents, each starting with BOS, padded on the right with BOS to a multiple of BLOCK (the
+    model is causal). windows: in blocks, default the last stage's. Eager: evaluation runs each length a few times."""
     n = ids.numel()
     T = -(-n // BLOCK) * BLOCK
     x = torch.cat([ids, ids.new_full((T - n,), hp.bos_id)])
@@ -2239,260 +1845,34 @@ def model_logits(hp, params, fns, rot_cache, windows=None):
 def load_model(path, d):
     """Hyperparameters, parameters (on d.device) and eager model functions of a checkpoint folder."""
     ck = read_checkpoint(path, 0)
-    saved = ck["hyperparameters"]  # dataclasses.asdict of the run's: plain data, tuples as lists
-
-    def tuples(row):
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
-    try:
-        hp = Hyperparameters(**tuples(saved), stages=tuple(Stage(**tuples(s)) for s in saved["stages"]))
-    except TypeError as e:  # a field this code does not know, or lacks
-        raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None
+    hp = saved_hyperparameters(path, ck, Hyperparameters, Stage)
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
     return hp, params, build_fns(hp, d.device, compile_model=False)
-
-
-# -----------------------------------------------------------------------------
-# Settings: every check that needs no file, in one place, before any file is opened or tensor allocated
-
-
-# Bounds (inclusive; None: open) of the hyperparameters checked on their own; the rest are checked together.
-HP_RANGES = {
-    "scheduled_steps": (1, None), "extension_steps": (0, None), "val_tokens": (1, None), "final_long_window": (1, None),
-    "num_layers": (1, None), "model_dim": (1, None), "num_heads": (1, None), "head_dim": (4, None),
-    "mlp_dim": (1, None), "gate_dims": (1, None), "vocab_size": (1, None), "bigram_vocab_size": (2, None),
-    "cooldown_frac": (0, 1), "cooldown_floor": (0, None), "untie_stage": (0, None), "muon_lr": (0, None),
-    "muon_momentum_min": (0, 1), "muon_momentum_max": (0, 1), "muon_warmup_steps": (0, None),
-    "muon_cooldown_steps": (0, None), "muon_beta2": (0, 1), "muon_wd": (0, None), "mlp_proj_lr_mul": (0, None),
-    "adam_lr": (0, None), "adam_wd": (0, None), "adam_every": (1, None), "profile_steps": (0, None),
-    "val_every": (0, None), "save_every": (0, None), "hellaswag_every": (0, None), "hellaswag_limit": (0, None),
-    "seed": (0, 2**64 - 1),  # what torch.Generator.manual_seed takes without wrapping around
-}
-# The same for the flags that are not hyperparameters (sampling, --keep-last).
-ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0, None), "num_samples": (1, None),
-              "keep_last": (0, None)}
-
-
-def flag_name(field):
-    """The command-line flag of a hyperparameter or argument: its short alias where it has one (--steps)."""
-    return FLAG_ALIASES.get(field, ["--" + field.replace("_", "-")])[0]
-
-
-def check_settings(hp, args, world, cuda):
-    """Raise SettingsError, one line naming the flag, for the first setting that cannot work: the world size,
-    every hyperparameter's range, the layer indices and shapes against each other, the sampling flags, and for
-    training the device (the full model needs CUDA: without it, --smoke) and the run id, which must be new:
-    neither LOG_DIR/RUN_ID.txt nor CHECKPOINT_DIR/RUN_ID may exist. Opens no file, allocates nothing. hp: the
-    training run's hyperparameters (with --sample / --hellaswag, which take the checkpoint's, only the flags
-    are checked)."""
-    check_world_size(world)
-    training = not (args.sample or args.hellaswag)
-    if args.sample and args.hellaswag:
-        raise SettingsError("--sample and --hellaswag: give one of them")
-    check_ranges(hp, HP_RANGES, flag_name)
-    check_ranges(args, ARG_RANGES, flag_name)
-    if hp.untie_stage >= len(hp.stages) or not any(
-            slow_adam_step(hp, s) for s in range(stage_bounds(hp)[hp.untie_stage][0], hp.total_steps)):
-        raise SettingsError(f"--untie-stage: {hp.untie_stage} is not a stage with an Adam step to untie after (the "
-                            f"stage table has {len(hp.stages)} stages)")
-    L = hp.num_layers
-
-    def layer(name, i):
-        if not 0 <= i < L:
-            raise SettingsError(f"{flag_name(name)}: {i} is not a layer index (--num-layers {L}: 0 .. {L - 1})")
-
-    for name in ("no_attn_layers", "long_window_layers") + (("paired_head_layers",) if hp.paired_heads else ()):
-        for i in getattr(hp, name):
-            layer(name, i)
-    for name in ("skip_from", "skip_to") + (("backout_layer",) if hp.backout else ()):
-        layer(name, getattr(hp, name))
-    if hp.skip_from >= hp.skip_to:
-        raise SettingsError(f"--skip-from {hp.skip_from} must come before --skip-to {hp.skip_to} (the skip is saved "
-                            f"at one layer and added at a later one)")
-    if not 0 <= hp.parallel_start <= L:
-        raise SettingsError(f"--parallel-start: must be a layer index or {L} (one lane), got {hp.parallel_start}")
-    if not hp.attn_layers:
-        raise SettingsError("--no-attn-layers: lists every layer; at least one layer needs attention")
-    if len(hp.ve_tables) != L:
-        raise SettingsError(f"--ve-tables: {len(hp.ve_tables)} entries for {L} layers (--num-layers): give one table "
-                            f"id per layer, -1 for none")
-    for i, t in enumerate(hp.ve_tables):
-        if t < -1:
-            raise SettingsError(f"--ve-tables: layer {i} has table {t}; table ids are 0, 1, ... (-1: none)")
-        if t >= 0 and i in hp.no_attn_layers:
-            raise SettingsError(f"--ve-tables: layer {i} has table {t} but no attention (--no-attn-layers); value "
-                                f"embeddings are mixed into the attention values")
-    unused = sorted(set(range(hp.num_ve)) - set(hp.ve_tables))
-    if unused:
-        raise SettingsError(f"--ve-tables: table {unused[0]} is used by no layer; number the tables 0, 1, ... "
-                            f"without gaps")
-    if hp.num_heads * hp.head_dim != hp.model_dim:
-        raise SettingsError(f"--num-heads {hp.num_heads} x --head-dim {hp.head_dim} must equal --model-dim "
-                            f"{hp.model_dim}")
-    if hp.head_dim % 4:
-        raise SettingsError(f"--head-dim: must be a multiple of 4 (rotary turns pairs in half the dims), got "
-                            f"{hp.head_dim}")
-    if hp.paired_heads and hp.paired_head_layers and hp.num_heads % 2:
-        raise SettingsError(f"--num-heads: paired heads need an even number, got {hp.num_heads} (or "
-                            f"--no-paired-heads)")
-    if hp.gate_dims > hp.model_dim:
-        raise SettingsError(f"--gate-dims: the gates read {hp.gate_dims} dims of the residual, more than --model-dim "
-                            f"{hp.model_dim}")
-    if hp.muon_momentum_min > hp.muon_momentum_max:
-        raise SettingsError(f"--muon-momentum-min {hp.muon_momentum_min} is above --muon-momentum-max "
-                            f"{hp.muon_momentum_max}")
-    if hp.param_dtype not in ("bfloat16", "float32"):  # what the kernels and their tests cover
-        raise SettingsError(f"--param-dtype: {hp.param_dtype!r} is not one of bfloat16, float32")
-    if hp.val_micro_tokens < BLOCK or hp.val_micro_tokens % BLOCK:
-        raise SettingsError(f"--val-micro-tokens: must be a multiple of {BLOCK} (the window unit), got "
-                            f"{hp.val_micro_tokens}")
-    ids = GPT2_VOCAB if hp.vocab_from_data else hp.vocab_size
-    if not 0 <= hp.bos_id < ids:
-        raise SettingsError(f"--bos-id: {hp.bos_id} is not a token id (0 .. {ids - 1})")
-    if not training:
-        return
-    if not cuda and not args.smoke:
-        raise SettingsError("the full model needs a CUDA GPU and torch sees none; use --smoke for a tiny CPU model "
-                            "(its flags can be changed like any other)")
-    if args.run_id is not None:
-        check_run_id(args.run_id, args.log_dir, args.checkpoint_dir)
 
 
 # -----------------------------------------------------------------------------
 # Entry point
 
 
-# Short names that users and records use, kept beside the generated --field-name flags.
-FLAG_ALIASES = {"scheduled_steps": ["--steps"], "log_train_loss": ["--train-loss"]}
-NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
-
-
-def parse_args(argv):
-    argv = sys.argv[1:] if argv is None else argv
-    p = ArgumentParser(
-        prog="train_gpt.py", description=__doc__.split("\n")[0],
-        usage="%(prog)s [--smoke] [--FIELD-NAME VALUE ...] [--sample CKPT] (--help lists all)",
-        epilog="The Stage table (batch size, windows, lr per stage) is edited in the code. Step lines: train_loss "
-               "(--train-loss) is the training objective, with --mtp the weighted sum of the losses on the next "
-               "1, 2, 3 tokens (weights 1, .5, .25 at the start), so about 1.75 x ln(vocab_size) = 18.9 at step 1 "
-               "for GPT-2's vocabulary; val_loss is the next-token loss alone (ln(50304) = 10.8 untrained). "
-               "Every setting is checked before any work: a bad one is one line naming the flag, exit code 2.")
-    smoke = "--smoke" in argv
-    defaults = smoke_hyperparameters() if smoke else Hyperparameters()
-    config = "the smoke config (--smoke)" if smoke else "the speedrun; --smoke --help shows the smoke config's"
-    from_data = ("vocab_size", "bos_id") if defaults.vocab_from_data else ()
-    # Values are checked by check_settings.
-    add_dataclass_flags(p.add_argument_group(f"hyperparameters (defaults: {config})"), Hyperparameters, defaults,
-                        FLAG_ALIASES, NOT_FLAGS,
-                        shown=lambda name, v: "from the shards (--vocab-from-data)" if name in from_data else repr(v))
-    p.add_argument("--run-id", help="name of the run: its log is LOG_DIR/RUN_ID.txt, its checkpoints "
-                                    "CHECKPOINT_DIR/RUN_ID/step_NNNNNN; an id whose log or checkpoint folder "
-                                    "exists is refused (default: date_time_random, new for each run)")
-    p.add_argument("--checkpoint-dir", default="checkpoints", metavar="CHECKPOINT_DIR",
-                   help="folder of the runs' checkpoint folders (default: %(default)s)")
-    p.add_argument("--keep-last", type=int, default=0, metavar="N",
-                   help="after each save, delete all but the newest N checkpoints of this run, 0 to keep all (default: "
-                        "%(default)s). A checkpoint, CHECKPOINT_DIR/RUN_ID/step_NNNNNN, holds one file per rank: that "
-                        "rank's shard of the optimizer state (fp32 master weights; Adam's two moments or Muon's "
-                        "momentum and second moments; between two slow Adam steps, their summed gradients), the "
-                        "loader's position, the RNG state, the train time, the hyperparameters and the run's id and "
-                        "log; rank 0's also holds every parameter (bf16 matrices): 10 to 14 bytes per parameter")
-    p.add_argument("--log-dir", default="logs", metavar="LOG_DIR",
-                   help="folder of the runs' logs (default: %(default)s)")
-    free = ", ".join(map(flag_name, RESUME_MAY_DIFFER))
-    p.add_argument("--resume", help="checkpoint folder (.../step_NNNNNN) to continue from: the world size and "
-                                    "every hyperparameter, the schedule and --seed included, must equal the "
-                                    f"checkpoint's (refused otherwise), except {free}")
-    p.add_argument("--deterministic", action="store_true", help="bitwise-reproducible loss lines")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny CPU-sized run (eager; on a GPU --smoke --compile compiles it)")
-    p.add_argument("--hellaswag", metavar="CHECKPOINT",
-                   help="checkpoint folder: print its HellaSwag accuracy and write it to a new hellaswag_N.json "
-                        "there (N = 1, 2, ...: an earlier result is never overwritten)")
-    p.add_argument("--sample", metavar="CHECKPOINT", help="checkpoint folder: print text generated from it")
-    p.add_argument("--prompt", default="The", help="--sample: the text to continue (default: %(default)r)")
-    p.add_argument("--max-new-tokens", type=int, default=32,
-                   help="--sample: tokens generated per sample, >= 1 (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="--sample: sampling temperature, 0 for greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0,
-                   help="--sample: sample among the K most likely tokens, 0 for all (default: %(default)s)")
-    p.add_argument("--num-samples", type=int, default=1,
-                   help="--sample: continuations to print, drawn one after another from one generator seeded by "
-                        "--seed (default: %(default)s)")
-    p.add_argument("--compile-cache", metavar="PATH",
-                   help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
-                        "matches (else emptied and compiled cold), saved after the compile warmup")
-    return p.parse_args(argv)
-
-
-def hyperparameters_from(args):
-    hp = smoke_hyperparameters() if args.smoke else Hyperparameters()
-    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters) if f.name not in NOT_FLAGS}
-    hp = dataclasses.replace(hp, **{k: v for k, v in over.items() if v is not None})
-    if not torch.cuda.is_available():
-        hp = dataclasses.replace(hp, compile=False)  # the CPU path runs eagerly (see build_fns)
-    return hp
-
-
-def interrupt_once(signum, frame):
-    """main()'s SIGINT handler: a KeyboardInterrupt, then SIGINT ignored while it is handled (under torchrun a
-    Ctrl-C reaches each rank twice: from the terminal, then passed on by torchrun)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def main(argv=None):
-    """Train (or with --sample / --hellaswag evaluate a checkpoint); returns what that mode returns. A problem with
-    the user's settings, data, checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by
-    rank 0 only under torchrun, and SystemExit(2) on every rank (bugs keep their traceback). Ctrl-C is one line
-    `train_gpt.py: interrupted ...` (in training: where to resume from) and SystemExit(130)."""
-    args = parse_args(argv)
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.default_int_handler and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, interrupt_once)  # not where SIGINT was ignored from the start (nohup, &)
-    try:
-        return run(args)
-    except (FileNotFoundError, ShardError, SettingsError, CheckpointError, HellaSwagError, PrepareError) as e:
-        if launch_rank() == 0:
-            print(f"train_gpt.py: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt as e:
-        if launch_rank() == 0:
-            line = e.message if isinstance(e, Interrupted) and e.message else "interrupted"
-            print(f"train_gpt.py: {line}", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
-    finally:
-        if signal.getsignal(signal.SIGINT) is interrupt_once:  # after a Ctrl-C it stays ignored: the process ends
-            signal.signal(signal.SIGINT, previous)
-
-
-def run(args):
-    """The settings checked (check_settings; with --resume the flags given against the checkpoint's first), then
-    the processes set up and the mode run."""
-    hp, cuda = hyperparameters_from(args), torch.cuda.is_available()
-    if args.resume and not (args.sample or args.hellaswag):
-        check_resume_flags(hp, args.resume, given_hyperparameters(args))
-    check_settings(hp, args, int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    if not cuda:
-        keep_freed_memory()
-    # Three batch shapes share one allocator: expandable segments avoid fragmenting it (before CUDA starts).
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        # warn_only: ops without a deterministic kernel warn instead of failing (our Triton kernels are
-        # deterministic; FlashAttention's backward is made so per call, see doc_attention_bwd).
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    d = setup_distributed()
-    try:
-        if args.sample:
-            return sample(args, d, load_model, model_logits)
-        if args.hellaswag:
-            return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
-        torch.manual_seed(hp.seed)
-        return run_training(hp, args, d)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    """Train, or with --sample / --hellaswag evaluate a checkpoint; returns what that mode returns (training: the
+    log's path and the checkpoint folder). cli.py reads and checks the flags before any work, and makes a bad
+    setting one line with exit code 2 and Ctrl-C exit code 130."""
+    args, hp = parse_args(argv, Hyperparameters, smoke_hyperparameters, __doc__.split("\n")[0])
+    with one_line_errors():
+        check_settings(hp, args, check_world_size, untie_step, BLOCK)
+        set_up_process(args)
+        d = setup_distributed()
+        try:
+            if args.sample:
+                return sample(args, d, load_model, model_logits)
+            if args.hellaswag:
+                return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
+            torch.manual_seed(hp.seed)
+            return train(hp, args, d)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The smoke run's corpus when there are no shards: this repository's own text as bytes (no tokenizer, no network).
 
 ``python train_gpt.py --smoke`` with the default --train-files / --val-files matching no file trains on it
-(train_gpt.py's ``smoke_corpus``). Documents: the repository's ``*.py`` and ``*.md`` files, sorted by path, one
+(cli.py's ``smoke_corpus``). Documents: the repository's ``*.py`` and ``*.md`` files, sorted by path, one
 document per file (hidden folders such as ``.git`` or ``.venv``, installed packages and empty files left out).
 Token ids: a file's bytes, 0 .. 255, after BOS = 256, so --smoke's --vocab-from-data takes vocabulary 384 (257
 rounded up to a multiple of 128) and BOS 256 from the shards. Split: every VAL_EVERY-th file of that order is held

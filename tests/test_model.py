@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from tolerances import assert_close_report, assert_matches_torch
 
+import cli
 import train_gpt as tg
 from kernels.cross_entropy import fp8_head_ce_bwd, softcapped_cross_entropy_bwd_e5m2
 
@@ -472,7 +473,7 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
 
 
 def spec_forward(hp, P, ids, windows):
-    """Record #74's forward on our model (see train_gpt's docstring), per layer, in P's dtype: one lane until
+    """Record #74's forward on our model (README.md: its deviations), per layer, in P's dtype: one lane until
     parallel_start (attention output added unweighted, x0 and the bigram injected after each attention), then
     two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w)."""
     T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size
@@ -866,8 +867,8 @@ def test_compiled_head_with_ce_kernel_matches_reference_on_gpu():
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_disable_flag_parses_and_trains(feature, device):
-    args = tg.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"])
-    hp = tg.hyperparameters_from(args)
+    _, hp = cli.parse_args(["--smoke", f"--no-{feature.replace('_', '-')}"], tg.Hyperparameters,
+                           tg.smoke_hyperparameters)
     assert getattr(hp, feature) is False
     assert all(getattr(hp, f) for f in FEATURES if f != feature)
     hp = dataclasses.replace(hp, param_dtype="float32", vocab_size=512, bos_id=511)
@@ -881,9 +882,8 @@ def test_disable_flag_parses_and_trains(feature, device):
     losses = []
     for step in range(2):
         loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp)
-        loss.backward()
-        opt.accumulate()
-        opt.step(step, 1.0, 0.9)
+        loss.backward()  # the optimizer's hooks fold the gradients into its accumulators
+        opt.step(tg.step_plan(hp, step), 1.0, 0.9)
         losses.append(loss.item())
     assert math.isfinite(losses[0]) and losses[1] < losses[0], losses
 

@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoints
+import cli
 import run_log
 import train_gpt as tg
 from data.shards import shard_files, write_shard
-from test_train_gpt import _make_shard, _smoke_argv
+from test_train_gpt import _flags, _make_shard, _smoke_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,8 +42,8 @@ def data(tmp_path_factory):
 
 def _run_hp(data, *flags):
     """The hyperparameters main() trains with for _smoke_argv(data, ...) plus flags (after fit_to_data)."""
-    hp = tg.hyperparameters_from(tg.parse_args(_smoke_argv(data, data, "x", *flags)))
-    return tg.fit_to_data(hp, shard_files(hp.train_files), shard_files(hp.val_files))
+    hp = _flags(_smoke_argv(data, data, "x", *flags))[1]
+    return cli.fit_to_data(hp, shard_files(hp.train_files), shard_files(hp.val_files))
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +52,8 @@ def ckpt(data, tmp_path_factory):
     would start."""
     hp, d = _run_hp(data), tg.Dist()
     params = tg.init_params(hp, torch.device("cpu"), hp.seed)
-    return tg.save_checkpoint(tmp_path_factory.mktemp("rel_ckpt") / "run", 1, params, tg.Optimizer(hp, params, d),
-                              {"step": 1}, 0.0, d, hp)
+    return checkpoints.save_checkpoint(tmp_path_factory.mktemp("rel_ckpt") / "run", 1, params,
+                                       tg.Optimizer(hp, params, d), {"step": 1}, 0.0, d, hp)
 
 
 def _exit_2(argv, capsys):
@@ -94,7 +96,7 @@ def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(
                 time.sleep(60)
 
             torch.save = half_save
-            tg.save_checkpoint(run, 2, params, opt, {"step": 2}, 0.0, tg.Dist(), hp)
+            checkpoints.save_checkpoint(run, 2, params, opt, {"step": 2}, 0.0, tg.Dist(), hp)
         finally:
             os._exit(1)
     os.close(w)
@@ -140,7 +142,7 @@ def _hold_in_child(folder):
     if pid == 0:
         try:
             os.close(r)
-            tg.hold_run_folder(folder)
+            checkpoints.hold_run_folder(folder)
             os.write(w, b"x")
             time.sleep(60)
         finally:
@@ -166,24 +168,25 @@ def test_unfinished_saves_of_stopped_runs_are_removed_or_named_never_a_live_runs
     pid = _hold_in_child(live)
     try:
         (live / "step_000006.tmp").mkdir()
-        assert tg.run_is_live(live) and not tg.run_is_live(ckpt / "other")
-        assert tg.unfinished_saves(ckpt) == [ckpt / "other" / "step_000004.tmp", ckpt / "resumed" / "step_000004.tmp"]
+        assert checkpoints.run_is_live(live) and not checkpoints.run_is_live(ckpt / "other")
+        assert checkpoints.unfinished_saves(ckpt) == [ckpt / "other" / "step_000004.tmp",
+                                                      ckpt / "resumed" / "step_000004.tmp"]
         lines = []
-        args = tg.parse_args(["--checkpoint-dir", str(ckpt), "--resume", str(ckpt / "resumed" / "step_000002")])
-        tg.tidy_checkpoints(args, lines.append)
+        args, _ = _flags(["--checkpoint-dir", str(ckpt), "--resume", str(ckpt / "resumed" / "step_000002")])
+        checkpoints.tidy_checkpoints(args, lines.append)
         assert lines == [f"removed_unfinished_save: {ckpt / 'resumed' / 'step_000004.tmp'} (left by the run this one "
                          f"continues)",
                          f"unfinished_saves: {ckpt / 'other' / 'step_000004.tmp'} (left by runs stopped while saving; "
                          f"no checkpoint, ignored; delete them)"]
         lines.clear()
-        tg.tidy_checkpoints(tg.parse_args(["--checkpoint-dir", str(ckpt), "--resume", str(live / "step_000004")]),
-                            lines.append)  # resuming a live run's checkpoint (a fork of it) leaves its save alone
+        args, _ = _flags(["--checkpoint-dir", str(ckpt), "--resume", str(live / "step_000004")])
+        checkpoints.tidy_checkpoints(args, lines.append)  # a live run's checkpoint resumed (a fork): its save stays
         assert (live / "step_000006.tmp").is_dir() and lines[0].startswith(f"unfinished_saves: {ckpt / 'other'}")
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    assert not tg.run_is_live(live)
-    assert tg.unfinished_saves(ckpt) == [ckpt / "live" / "step_000006.tmp", ckpt / "other" / "step_000004.tmp"]
+    assert not checkpoints.run_is_live(live)
+    assert checkpoints.unfinished_saves(ckpt) == [ckpt / "live" / "step_000006.tmp", ckpt / "other" / "step_000004.tmp"]
     assert (ckpt / "resumed" / "step_000002").is_dir() and (ckpt / "other" / "step_000002").is_dir()
 
 
@@ -196,7 +199,7 @@ def test_keep_last_keeps_the_newest_checkpoints(data, tmp_path):
                        (1, ["step_000010"])):
         run = tmp_path / f"keep{keep}"
         for step in (2, 4, 6, 8, 10):
-            tg.save_checkpoint(run, step, params, opt, {"step": step}, 0.0, d, hp, keep_last=keep)
+            checkpoints.save_checkpoint(run, step, params, opt, {"step": step}, 0.0, d, hp, keep_last=keep)
         assert sorted(p.name for p in run.iterdir()) == left
     tg.load_model(tmp_path / "keep1" / "step_000010", d)
 
@@ -205,7 +208,7 @@ def test_keep_last_help_says_what_a_checkpoint_holds(data, ckpt, capsys):
     """--keep-last's help lists what a checkpoint file holds: every entry save_checkpoint writes, and its size per
     parameter (fp32 master and two Adam moments or Muon's momentum, plus rank 0's bf16 copy: 10 to 14 bytes)."""
     with pytest.raises(SystemExit):
-        tg.parse_args(["--help"])
+        _flags(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     said = text.split("--keep-last N", 1)[1].split("--log-dir", 1)[0]
     state = torch.load(ckpt / "rank0.pt", weights_only=False)
@@ -372,7 +375,7 @@ def test_torchrun_error_is_printed_once_without_our_traceback(tmp_path):
 def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
     def help_text(argv):
         with pytest.raises(SystemExit) as info:
-            tg.parse_args(argv)
+            _flags(argv)
         assert info.value.code == 0
         return " ".join(capsys.readouterr().out.split())
 
@@ -417,18 +420,18 @@ def test_resume_with_other_settings_is_refused_naming_the_first_field(data, ckpt
 
 
 def test_resume_checks_world_size_and_allows_only_what_does_not_change_the_run(data, ckpt, tmp_path):
-    tg.check_resume(_run_hp(data, "--val-every", "1", "--save-every", "2", "--no-train-loss"), ckpt, tg.Dist())
-    with pytest.raises(tg.CheckpointError, match="the stage table \\(STAGES\\) differs from the checkpoint's"):
-        tg.check_resume(tg.dataclasses.replace(_run_hp(data), stages=tg.STAGES), ckpt, tg.Dist())
+    checkpoints.check_resume(_run_hp(data, "--val-every", "1", "--save-every", "2", "--no-train-loss"), ckpt, tg.Dist())
+    with pytest.raises(checkpoints.CheckpointError, match="the stage table \\(STAGES\\) differs from the checkpoint's"):
+        checkpoints.check_resume(tg.dataclasses.replace(_run_hp(data), stages=tg.STAGES), ckpt, tg.Dist())
     state = torch.load(ckpt / "rank0.pt", weights_only=False)
     folder = tmp_path / "step_000001"
     folder.mkdir()
     torch.save({**state, "world_size": 2}, folder / "rank0.pt")
-    with pytest.raises(tg.CheckpointError, match="checkpoint written by 2 ranks, this run has 1"):
-        tg.check_resume(_run_hp(data), folder, tg.Dist())
+    with pytest.raises(checkpoints.CheckpointError, match="checkpoint written by 2 ranks, this run has 1"):
+        checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
     missing = f"no checkpoint at {folder} (expected {folder / 'rank1.pt'})"
-    with pytest.raises(tg.CheckpointError, match=re.escape(missing)):
-        tg.check_resume(_run_hp(data), folder, tg.Dist(rank=0, world=2))
+    with pytest.raises(checkpoints.CheckpointError, match=re.escape(missing)):
+        checkpoints.check_resume(_run_hp(data), folder, tg.Dist(rank=0, world=2))
 
 
 @pytest.mark.parametrize("extra, refused", [({"ce_fused_transpose": False}, False), ({"ce_fused_transpose": True}, False),
@@ -441,10 +444,11 @@ def test_resume_ignores_retired_settings_only(data, ckpt, tmp_path, extra, refus
     folder.mkdir()
     torch.save({**state, "hyperparameters": {**state["hyperparameters"], **extra}}, folder / "rank0.pt")
     if refused:
-        with pytest.raises(tg.CheckpointError, match="--made-up-setting is 1 in the checkpoint, None in this run"):
-            tg.check_resume(_run_hp(data), folder, tg.Dist())
+        with pytest.raises(checkpoints.CheckpointError,
+                           match="--made-up-setting is 1 in the checkpoint, None in this run"):
+            checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
     else:
-        tg.check_resume(_run_hp(data), folder, tg.Dist())
+        checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -483,12 +487,12 @@ def test_separator_is_the_documents_first_token_not_the_largest_id(tmp_path):
     tokens[77] = 600  # a stray id above the separator, inside GPT-2's range
     write_shard(train, tokens)
     write_shard(val, _docs(50, seed=1))
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
     assert (hp.bos_id, hp.vocab_size) == (511, 640)
     # stated on the command line: used as given (here shards that do not start with a document)
     write_shard(train, tokens[5:])
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val], bos_id=511)
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val], bos_id=511)
     assert (hp.bos_id, hp.vocab_size) == (511, 640)
     message = f"{val}: starts with token id 511, but {train} starts with {int(tokens[5])}: "
     with pytest.raises(tg.ShardError, match=re.escape(message) + ".* state it with --bos-id$"):
-        tg.fit_to_data(tg.smoke_hyperparameters(), [train], [val])
+        cli.fit_to_data(tg.smoke_hyperparameters(), [train], [val])

@@ -26,9 +26,10 @@ def test_logged_sources_are_the_imported_project_modules():
     expected = sorted({"train_gpt.py"} | {p for p in imported if not p.startswith(("tests/", "benchmarks/"))
                                           and not any(part.startswith(".") for part in p.split("/"))})
     assert run_log.logged_sources() == expected
-    assert {"compilation.py", "evaluation.py", "flags.py", "profiling.py", "run_log.py"} <= set(expected)
+    assert {"checkpoints.py", "cli.py", "compilation.py", "evaluation.py", "flags.py", "profiling.py",
+            "run_log.py"} <= set(expected)
     dump = run_log.source_dump()
-    assert dump.startswith("# ===== file: compilation.py =====\n") and "# ===== file: train_gpt.py =====" in dump
+    assert dump.startswith("# ===== file: checkpoints.py =====\n") and "# ===== file: train_gpt.py =====" in dump
 
 
 def test_header_names_versions_corpus_and_hyperparameters(tmp_path):
@@ -68,13 +69,16 @@ class FakeEvent:
 def test_step_clock_times_a_step_when_the_device_is_seen_done(monkeypatch):
     """Spec of run_log.StepClock with events: queued(step, loss) records an event after the step's work and keeps
     a copy of the loss (the tensor may change after); wait() blocks on that event and only then notes the time
-    and reads the loss; finished() hands each finished step over once, in step order; a step queued before the
-    previous one was waited for finishes the previous one first. Without events (the CPU) a step is finished,
-    at the time queued() is called, with its loss."""
+    and reads the loss; finished() hands each finished step over once, in step order, with the train time at its
+    end; a step queued before the previous one was waited for finishes the previous one first. stop() waits for
+    the queued step and adds the time since start() to the train time; the time until the next start() is not
+    counted, and a step's time (step_ms) runs from the previous step's end or the clock's start. Without events
+    (the CPU) a step is finished, at the time queued() is called, with its loss."""
     FakeEvent.journal.clear()
     FakeEvent.now[0] = 100.0
     monkeypatch.setattr(run_log.time, "perf_counter", lambda: FakeEvent.now[0])
-    clock = run_log.StepClock(torch.device("cpu"), event=FakeEvent)
+    clock = run_log.StepClock(torch.device("cpu"), 1000.0, event=FakeEvent)
+    clock.start()
     loss = torch.tensor(2.5)
     clock.queued(0, loss)
     loss.fill_(-1.0)  # the next step's loss written into the same tensor: the clock kept step 0's
@@ -82,19 +86,28 @@ def test_step_clock_times_a_step_when_the_device_is_seen_done(monkeypatch):
     assert kind == "record" and clock.finished() == [], "a step is not finished before the wait"
     clock.wait()
     assert FakeEvent.journal[-1] == ("sync", ev0)
-    assert clock.finished() == [(0, 105.0, 2.5)], "time and loss taken after the device was seen done"
+    assert clock.finished() == [(0, 6000.0, 2.5)], "time and loss taken after the device was seen done"
     assert clock.finished() == []
     clock.wait()  # nothing queued: no wait
     assert len(FakeEvent.journal) == 2
     clock.queued(1, torch.tensor(1.0))
     clock.queued(2, torch.tensor(4.0))  # step 1 not waited for: finished first, with its own loss
     clock.queued(3, None)
-    clock.wait()
-    assert clock.finished() == [(1, 110.0, 1.0), (2, 115.0, 4.0), (3, 120.0, None)]
+    clock.stop()  # waits for step 3 (at 120 s); the train time counts up to here
+    assert clock.finished() == [(1, 11000.0, 1.0), (2, 16000.0, 4.0), (3, 21000.0, None)]
     assert [k for k, _ in FakeEvent.journal] == ["record", "sync"] * 4
+    assert clock.ms == 21000.0
+    FakeEvent.now[0] = 150.0  # 30 s untimed (a validation)
+    clock.start()
+    clock.queued(4, None)
+    clock.wait()
+    assert clock.finished() == [(4, 26000.0, None)]
+    assert clock.step_ms == {0: 5000.0, 1: 5000.0, 2: 5000.0, 3: 5000.0, 4: 5000.0}
 
     cpu = run_log.StepClock(torch.device("cpu"))
+    cpu.start()
+    FakeEvent.now[0] = 157.0
     cpu.queued(7, torch.tensor(3.0))
-    assert cpu.finished() == [(7, 120.0, 3.0)]
+    assert cpu.finished() == [(7, 2000.0, 3.0)] and cpu.step_ms == {7: 2000.0}
     cpu.wait()
     assert cpu.finished() == []

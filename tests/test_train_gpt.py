@@ -23,8 +23,11 @@ import torch.nn.functional as F
 from functorch.compile import make_boxed_func
 from torch._functorch.aot_autograd import aot_module_simplified
 
+from test_model import spec_forward
 from tolerances import assert_close_report, assert_matches_torch
 
+import checkpoints
+import cli
 import run_log
 import train_gpt as tg
 from data.shards import load_shard, shard_files, write_shard
@@ -60,6 +63,11 @@ def smoke_data(tmp_path_factory):
     _make_shard(d / "smoke_train_000002.bin", 120_000, 2)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
     return d
+
+
+def _flags(argv):
+    """(args, hp) of train_gpt.py's command line argv."""
+    return cli.parse_args(argv, tg.Hyperparameters, tg.smoke_hyperparameters)
 
 
 def _smoke_argv(data, out, run_id, *extra):
@@ -435,33 +443,36 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
 def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_path, monkeypatch):
     """Record #74 runs gc.collect() before its clock starts; ours also freezes what survives, so that a full
     collection during a timed step walks only the objects made since, and unfreezes at the end. Spec: cyclic
-    garbage made before the loop is gone by the first training step, the survivors are frozen then, and nothing is
-    frozen after the loop."""
+    garbage made as the timed run starts (Compilation.timed_run_starts) is gone by the first timed training step,
+    the survivors are frozen then, and nothing is frozen after the run. The steps themselves do nothing here."""
     import gc
     import weakref
-    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), val_every=0)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files),
-                    shard_files(hp.val_files))
 
     class Cycle:
         pass
-    garbage = Cycle()
-    garbage.me = garbage  # unreachable once the name is gone, but only a collection frees it
-    alive = weakref.ref(garbage)
-    del garbage
+    alive = []
+
+    def timed_run_starts(self, real=tg.Compilation.timed_run_starts):
+        garbage = Cycle()
+        garbage.me = garbage  # unreachable once the name is gone, but only a collection frees it
+        alive.append(weakref.ref(garbage))
+        return real(self)
     seen = []
-    monkeypatch.setattr(tr, "train_step", lambda step, want_loss, clock=None: seen.append((alive() is None,
-                                                                                          gc.get_freeze_count())))
+
+    def train_step(self, step, want_loss, clock=None):
+        if clock is not None:  # a timed step (the warmup's have no clock)
+            seen.append((alive[0]() is None, gc.get_freeze_count()))
+    monkeypatch.setattr(tg.Compilation, "timed_run_starts", timed_run_starts)
+    monkeypatch.setattr(tg.Trainer, "train_step", train_step)
+    monkeypatch.setattr(tg.Trainer, "validate", lambda *a, **k: 0.0)
     monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: None)
-    monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
     gc.unfreeze()
     try:
-        tg.timed_loop(tr, lambda *a, **k: None, 0, 0.0, tmp_path, resumed=False)
+        tg.main(_smoke_argv(smoke_data, tmp_path, "gc", "--val-every", "0", *TWO_LAYER_FLAGS))
     finally:
         frozen_after = gc.get_freeze_count()
         gc.unfreeze()
-    assert len(seen) == hp.total_steps
+    assert len(seen) == tg.smoke_hyperparameters().total_steps
     assert seen[0][0], "garbage made before the loop was still alive at the first timed step"
     assert seen[0][1] > 0, "nothing was frozen when the clock started"
     assert frozen_after == 0, "the loop left objects frozen"
@@ -494,6 +505,7 @@ def test_train_step_waits_for_the_previous_step_once_its_first_micro_batch_is_qu
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
     tr, Event = clock_journal(monkeypatch, hp)
     clock = run_log.StepClock(torch.device("cpu"), event=Event)
+    clock.start()
     assert tr.train_step(0, True, clock=clock) is None and tr.train_step(1, True, clock=clock) is None
     clock.wait()
     kinds = [k for k, _ in Event.journal]
@@ -513,25 +525,24 @@ def test_timed_loop_logs_each_step_once_the_device_finished_it(smoke_data, tmp_p
     stop before a validation): the lines still come in step order, the validation line of step k right after
     step k's line, with the same train losses as the CPU's clock (a step finished when train_step returns), one
     step time per step, and times that never go back."""
-    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), scheduled_steps=4, extension_steps=1,
-                                  val_every=2, **TWO_LAYERS)
+    flags = ("--steps", "4", "--extension-steps", "1", "--val-every", "2", *TWO_LAYER_FLAGS)
+    hp = _flags(["--smoke", *flags])[1]
     assert hp.log_train_loss and hp.total_steps > 2 * hp.val_every
     assert [end - start for start, end, _ in tg.stage_bounds(hp)] == [2, 2, 1]
+    monkeypatch.setattr(tg.Trainer, "validate", lambda *a, **k: 0.0)
 
     def run(event):
-        tr, _ = clock_journal(monkeypatch, hp)
-        ckpt = tmp_path / ("events" if event else "cpu")
-        monkeypatch.setattr(tg, "StepClock", lambda device: run_log.StepClock(device, event=event))
-        monkeypatch.setattr(tr, "validate", lambda *a, **k: 0.0)
-        lines = []
-        _, stage_ms = tg.timed_loop(tr, lambda line, **k: lines.append(line), 0, 0.0, ckpt, resumed=False)
-        return lines, stage_ms
+        run_id = "events" if event else "cpu"
+        monkeypatch.setattr(tg, "StepClock", lambda device, ms: run_log.StepClock(device, ms, event=event))
+        footer = []
+        monkeypatch.setattr(tg, "log_summary", lambda log, d, tokens, ms, stage_ms, weights: footer.append(stage_ms))
+        log_path, _ = tg.main(_smoke_argv(smoke_data, tmp_path, run_id, *flags))
+        return [line for line in Path(log_path).read_text().splitlines() if line.startswith("step:")], footer[0]
 
     from test_run_log import FakeEvent
     lines, stage_ms = run(FakeEvent)
     cpu_lines, _ = run(None)
-    steps = [re.match(r"step:(\d+)/(\d+) (\w+):", line).groups() for line in lines if line.startswith("step:")]
+    steps = [re.match(r"step:(\d+)/(\d+) (\w+):", line).groups() for line in lines]
     T = hp.total_steps
     expected = [("0", str(T), "val_loss")]
     for k in range(1, T + 1):
@@ -607,7 +618,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
 
     def capture(*args, **kwargs):
         accs.update({k: g.acc[:g.rows].clone() for k, g in tr.opt.groups.items()})
-        started.update(tr.opt.launched)
+        started.update(tr.opt.last.started)
         return step(*args, **kwargs)
 
     tr.opt.step = capture
@@ -688,10 +699,9 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
             prep = tg.prepare_ids(ids[sl].cpu().contiguous(), hp.vocab_size).to(device)
             mb = tg.MicroBatch(ids[sl].contiguous(), targets[sl].contiguous(), prep)
             loss = tg.forward(hp, params, fns, mb, windows, {}, train=False) / halves
-            loss.backward()
-            opt.accumulate()
+            loss.backward()  # the optimizer's hooks fold the gradients into its accumulators
         accs = {k: g.acc.clone() for k, g in opt.groups.items()}
-        opt.step(0, 1.0, 0.9)
+        opt.step(tg.step_plan(hp, 0), 1.0, 0.9)
         runs.append((params, accs))
     (p2, acc2), (p1, acc1) = runs
     for k in acc1:
@@ -778,6 +788,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     params = _perturbed_params(hp, seed=21, device=device)
     opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     opt.untie()  # embed and lm_head step separately (tied, the head would take the embedding's gradient)
+    untied = tg.step_plan(hp, 0)._replace(tied=False)
     gen = torch.Generator().manual_seed(22)
     spec = {}
     for k, (lr_mul, (b1, b2), wd_mul) in RECORD_ADAM.items():
@@ -786,10 +797,8 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     shrunk = {}
     for t, factor in ((1, 1.0), (2, 0.7)):
         grads = {k: torch.randn(v.shape, generator=gen) * 1e-2 for k, v in params.items()}
-        for k, g in grads.items():
-            params[k].grad = g.to(device)
-        opt.accumulate()
-        opt.step(t - 1, factor, 0.9, slow=True)
+        _feed(params, {k: g.to(device) for k, g in grads.items()}, params)
+        opt.step(untied, factor, 0.9)
         for k, s in spec.items():
             g = grads[k].double()
             lr = hp.adam_lr * s["lr_mul"] * factor
@@ -826,10 +835,31 @@ def test_slow_adam_schedule():
     assert {n for n, g in groups.items() if g.muon} == {"attn_bank", "mlp_bank"}
 
 
-def _feed(opt, params, grads, names):
-    for k in names:
-        params[k].grad = grads[k].clone()
-    opt.accumulate()
+def test_step_plan_follows_the_schedule_and_the_parameter_table():
+    """The optimizer's plan of a step for the speedrun's schedule (adam_every=2; the untie after the first slow
+    Adam step of stage 2, record #74's odd step 967): the Muon banks step every step, the Adam rows at the odd
+    steps, in PARAMS order; the head is tied up to step 967; in the last backward every row that steps starts its
+    reduce-scatter but the embedding while tied (its gradient goes into the head's), and with the accumulate mode
+    (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the head (it waits for the embedding's)."""
+    hp = tg.Hyperparameters()
+    muon = {"attn_bank", "mlp_bank"}
+    adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
+    tables = {"embed", "value_embeds", "bigram_embed"}
+    for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
+                             (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
+        for accs in (False, True):
+            plan = tg.step_plan(hp, step, accs)
+            assert plan.tied == tied, (step, accs)
+            assert set(plan.groups) == muon | (adam if slow else set()), (step, accs)
+            assert list(plan.groups) == [n for n in tg.PARAMS if n in plan.groups]
+            late = (tables if accs else set()) | (({"embed"} | ({"lm_head"} if accs else set())) if tied else set())
+            assert plan.early == set(plan.groups) - late, (step, accs)
+
+
+def _feed(params, grads, names):
+    """Gradients given by hand, through autograd: the optimizer's hooks fold them into its accumulators."""
+    torch.autograd.backward([params[k] for k in names], [grads[k].clone() for k in names])
 
 
 @pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
@@ -852,8 +882,8 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     slow = [k for k, g in a.groups.items() if g.slow]
     assert "attn_gate" not in slow and {"scalars", "embed", "lm_head", "value_embeds"} <= set(slow)
     start = {k: v.detach().clone() for k, v in pa.items()}
-    _feed(a, pa, g0, pa)
-    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
+    _feed(pa, g0, pa)
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
     assert a.pending
     for k in slow:
         assert torch.equal(pa[k], start[k]), f"{k} moved at a skipped step"
@@ -863,8 +893,9 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         assert not torch.equal(pa[k], start[k]), f"{k} should step every step"
     if untie:
         a.untie()
-    _feed(a, pa, g1, pa)
-    a.step(1, 1.3, 0.9, slow=tg.slow_adam_step(hp, 1))
+    _feed(pa, g1, pa)
+    plan = tg.step_plan(hp, 1)._replace(tied=not untie)
+    a.step(plan, 1.3, 0.9)
     assert not a.pending
 
     summed = {k: g0[k] + g1[k] for k in slow}
@@ -872,8 +903,8 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
         summed["lm_head"] = (g0["lm_head"] + g0["embed"].T) + g1["lm_head"]
         summed["embed"] = g1["embed"].clone()
         b.untie()
-    _feed(b, pb, summed, slow)
-    b.step(1, 1.3, 0.9, slow=True)
+    _feed(pb, summed, slow)
+    b.step(plan, 1.3, 0.9)
     for k in slow:
         assert torch.equal(pa[k], pb[k]), f"{k} differs from one step on the summed gradient"
         for key, t in a.groups[k].state_tensors().items():
@@ -913,8 +944,8 @@ def test_world_size_1_updates_the_parameters_in_place(device):
         grads = {k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device=device, dtype=v.dtype)
                  for k, v in pa.items()}
         for opt, params in ((a, pa), (b, pb)):
-            _feed(opt, params, grads, params)
-            opt.step(step, 1.0, 0.9, slow=tg.slow_adam_step(hp, step))
+            _feed(params, grads, params)
+            opt.step(tg.step_plan(hp, step)._replace(tied=step < 2), 1.0, 0.9)
         for n, g in a.groups.items():
             assert torch.equal(pa[n], pb[n]), f"{n} after step {step}"
             for key, t in g.state_tensors().items():
@@ -930,7 +961,7 @@ def test_embedding_accs_stay_the_accumulators(device):
     """Optimizer.embedding_accs() is made once and reused every micro-step, so its views must keep pointing at
     the accumulators themselves through reset(), untie(), a step and load_state_dict() (which copies into them):
     an accumulator replaced by a new tensor would leave the lookups adding into a stale buffer."""
-    hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0))
+    hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0), adam_every=2)
     params = tg.init_params(hp, torch.device(device), seed=0)
     opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
     accs = opt.embedding_accs()
@@ -951,21 +982,19 @@ def test_embedding_accs_stay_the_accumulators(device):
         assert g["embed"].acc[3].eq(1.0).all(), when
         assert g["value_embeds"].acc[(hp.num_ve - 1) * hp.vocab_size + 5].eq(2.0).all(), when
 
-    def step(slow):
-        for p in params.values():
-            p.grad = torch.ones_like(p)
-        opt.accumulate()
-        opt.step(0, 1.0, 0.9, slow=slow)
+    def step(plan):
+        _feed(params, {k: torch.ones_like(p) for k, p in params.items()}, params)
+        opt.step(plan, 1.0, 0.9)
 
     check("new")
-    step(slow=False)  # the slow groups' accumulators pending: part of the state
+    step(tg.step_plan(hp, 0))  # no slow Adam step: their accumulators pending, part of the state
     sd = opt.state_dict()
     assert set(sd["acc"]) >= {"embed", "value_embeds", "bigram_embed"}
     opt.reset()
     check("after reset")
     opt.untie()
     check("after untie")
-    step(slow=True)
+    step(tg.step_plan(hp, 1)._replace(tied=False))
     check("after a step")
     opt.load_state_dict(sd)
     check("after load_state_dict")
@@ -978,12 +1007,15 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     gradients folded by the hooks give. Both trainers use kernels.embedding.embedding (on the CPU: the Triton
     interpreter; the CPU trainer's own torch lookup has no accumulate mode, so build_fns leaves the flag off
     there), bf16 tables, two value-embedding tables (views of one parameter and one accumulator), and two of each
-    step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: step 0
-    leaves the tables' accumulators pending, step 1 reduces and updates them, while tied (the head's
-    reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or after untie()."""
+    step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: the first
+    step leaves the tables' accumulators pending, the second reduces and updates them, while tied (steps 0 and 1:
+    the head's reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or untied
+    (--untie-stage 0: steps 2 and 3, the first of which unties)."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2,
-                                  ve_tables=(0, 1, -1, 0))
+                                  ve_tables=(0, 1, -1, 0), untie_stage=1 if tied else 0)
+    steps = (0, 1) if tied else (2, 3)
+    assert tg.untie_step(hp) == (6 if tied else 2) and [tg.slow_adam_step(hp, s) for s in steps] == [False, True]
     tables = {"embed", "value_embeds", "bigram_embed"}
 
     def same_bits(a, b):  # bitwise, -0.0 and NaN payloads included
@@ -999,22 +1031,22 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=on)
         next_step = tr.loader.next
         tr.loader.next = lambda next_step=next_step: next_step()[:2]
-        if not tied:
-            tr.opt.untie()
+        tr.loader.rewind(steps[0])
         started = []
         step = tr.opt.step
 
         def capture(*args, tr=tr, step=step, started=started, **kwargs):
-            started.append(set(tr.opt.launched))
+            started.append(set(tr.opt.last.started))
             assert all(tr.params[k].grad is None for k in tables)
             return step(*args, **kwargs)
 
         tr.opt.step = capture
         trainers.append((tr, started))
     (off, started_off), (on, started_on) = trainers
-    for step in (0, 1):
+    for step in steps:
         for tr, _ in trainers:
             tr.train_step(step, want_loss=False)
+            assert tr.opt.tied == tied
         for name, g in off.opt.groups.items():
             h = on.opt.groups[name]
             assert same_bits(on.params[name], off.params[name]), f"step {step}: parameter {name}"
@@ -1022,8 +1054,8 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
             for key, t in g.state_tensors().items():
                 assert same_bits(h.state_tensors()[key], t), f"step {step}: {name}.{key}"
             assert g.step == h.step
-        assert on.opt.pending == off.opt.pending == (step == 0)
-        if step == 0:  # the tables' gradients are pending, and nonzero (the test would see a dropped one)
+        assert on.opt.pending == off.opt.pending == (step == steps[0])
+        if step == steps[0]:  # the tables' gradients are pending, and nonzero (the test would see a dropped one)
             assert all(off.opt.groups[k].acc.any() for k in tables)
     for tr, _ in trainers:
         tr.loader.close()
@@ -1046,16 +1078,16 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
              for _ in range(2)]
     a = tg.Optimizer(hp, pa, dev)
-    _feed(a, pa, grads[0], pa)
-    a.step(0, 1.0, 0.9, slow=tg.slow_adam_step(hp, 0))
-    path = tg.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
+    _feed(pa, grads[0], pa)
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
+    path = checkpoints.save_checkpoint(tmp_path, 1, pa, a, {"step": 1}, 0.0, dev, hp)
     pb = _perturbed_params(hp, seed=4, device=device)  # other values: everything must come from the checkpoint
     b = tg.Optimizer(hp, pb, dev)
-    tg.load_checkpoint(path, pb, b, dev)
+    checkpoints.load_checkpoint(path, pb, b, dev)
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
     for opt, params in ((a, pa), (b, pb)):
-        _feed(opt, params, grads[1], params)
-        opt.step(1, 1.2, 0.9, slow=tg.slow_adam_step(hp, 1))
+        _feed(params, grads[1], params)
+        opt.step(tg.step_plan(hp, 1), 1.2, 0.9)
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"{k} differs after resuming between slow Adam steps"
 
@@ -1088,87 +1120,16 @@ def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_dat
 # Flat forward vs a plain reference
 
 
-# The record #74 features (tests/test_model.py), all off: the base model _ref_forward describes.
+# The record #74 features (tests/test_model.py), all off: the base model.
 NO_FEATURES = {f: False for f in ("bigram", "paired_heads", "mtp", "smear", "yarn", "key_offset", "backout",
                                   "fp8_head", "attn_lambdas")}
 
 
-def _ref_forward(hp, P, ids, window_tokens):
-    """Straightforward per-layer GPT in the dtype of P (float64 for the reference), SDPA with explicit mask."""
-    T, C, H, D = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim
-    L, V = hp.num_layers, hp.vocab_size
-    norm = lambda x: x / torch.sqrt((x * x).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps)
-    dt = P["embed"].dtype
-    doc = torch.zeros(T, dtype=torch.long)
-    doc[0] = int(ids[0] == hp.bos_id)
-    for t in range(1, T):
-        doc[t] = doc[t - 1] + int(ids[t] == hp.bos_id)
-    pos = torch.arange(T)
-    freq = (1 / 1024) ** torch.linspace(0, 1, D // 4, dtype=torch.float64)
-    freq = torch.cat([freq, torch.zeros(D // 4, dtype=torch.float64)])
-    ang = (pos[:, None].double() * freq).to(dt)  # (T, D/2)
-
-    def rope(x):  # x (T, H, D): rotate pairs (i, i + D/2)
-        c, s = ang.cos()[:, None], ang.sin()[:, None]
-        a, b = x[..., :D // 2], x[..., D // 2:]
-        return torch.cat([a * c + b * s, b * c - a * s], -1)
-
-    G = hp.gate_dims
-    skip_l = P["scalars"][2 * len(hp.attn_layers) + 2]
-    resid, post, x0l = P["resid_lambdas"], P["post_lambdas"], P["x0_lambdas"]
-    x0 = norm(P["embed"][ids.long()])
-    ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
-    attn_layers = hp.attn_layers
-    lane0, lane1, skip = x0, None, None
-    ve_gate_i = 0
-    for i in range(L):
-        if i == hp.parallel_start:
-            lane1 = lane0
-        if i == hp.skip_to:  # U-net skip, gated by the skip lambda and by x0
-            gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0].to(dt))[:, None]
-            lane0 = lane0 + gate * skip
-            if lane1 is not None:
-                lane1 = lane1 + gate * skip
-        if i in attn_layers:
-            a = attn_layers.index(i)
-            Wq, Wk, Wv, Wo = P["attn_bank"][4 * a:4 * a + 4]
-            h = norm(lane0)
-            q, k, v = (h @ Wq.T).view(T, H, D), (h @ Wk.T).view(T, H, D), (h @ Wv.T).view(T, H, D)
-            q, k = rope(norm(q)), rope(norm(k))
-            if hp.ve_tables[i] >= 0:  # gate input: 6 dims of the normed input, 6 of the value embedding
-                ve = ve_tabs[hp.ve_tables[i]][ids.long()]
-                gate = 2 * torch.sigmoid(torch.cat([h[:, :6], ve[:, :6]], 1) @ P["ve_gate"][ve_gate_i].to(dt).T)
-                v = v + gate[..., None] * ve.view(T, H, D)
-                ve_gate_i += 1
-            w = window_tokens[1] if i in hp.long_window_layers else window_tokens[0]
-            mask = torch.zeros(T, T, dtype=torch.bool)
-            for qi in range(T):
-                lo = max(qi - w + 1, 0)
-                mask[qi, lo:qi + 1] = doc[lo:qi + 1] == doc[qi]
-            y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                               attn_mask=mask, scale=hp.attn_scale).transpose(0, 1)
-            y = y * torch.sigmoid(h[:, :G] @ P["attn_gate"][a].to(dt).T)[..., None]
-            out = y.reshape(T, C) @ Wo.T
-            if lane1 is None:  # one lane: the output unweighted, x0 injected after the attention
-                lane0 = resid[i, 0] * lane0 + out + x0l[i] * x0
-            else:
-                lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + x0l[i] * x0,
-                                resid[i, 0] * lane1 + post[i, 0, 1] * out)
-        if i == hp.skip_from:
-            skip = lane0
-        h = norm(lane0 if lane1 is None else lane1)
-        out = torch.relu(h @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
-        lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
-                        None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
-    x = lane0 if lane1 is None else (lane0 + lane1) / 2
-    logits = norm(x) @ P["lm_head"]
-    return hp.softcap * torch.sigmoid((logits + 5) / 7.5)
-
-
 def test_flat_forward_matches_reference(device):
-    """fp32 flat forward vs the reference in float64 (rule 1: at most 2x the reference's own fp32 error).
-    Dense attention on both devices (the FlashAttention op is checked against it separately). The record #74
-    features are off here (the base model); tests/test_model.py checks each of them."""
+    """fp32 flat forward vs the specification (tests/test_model.py's spec_forward) in float64 (rule 1: at most 2x
+    the specification's own fp32 error), and the validation loss. Dense attention on both devices (the
+    FlashAttention op is checked against it separately). The record #74 features are off here (the base model);
+    tests/test_model.py checks each of them."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", **NO_FEATURES)
     params = _perturbed_params(hp, seed=11, device=device)
     ids, targets = _batch(hp, 384, seed=12, n_docs=5)
@@ -1181,9 +1142,8 @@ def test_flat_forward_matches_reference(device):
         ours_loss = tg.forward(hp, params, fns, mb, windows, {}, train=False).cpu()
         P64 = {k: v.detach().cpu().double() for k, v in params.items()}
         P32 = {k: v.detach().cpu().float() for k, v in params.items()}
-        wt = (windows[0] * tg.BLOCK, windows[1] * tg.BLOCK)
-        ref64 = _ref_forward(hp, P64, ids, wt)
-        ref32 = _ref_forward(hp, P32, ids, wt)
+        ref64 = spec_forward(hp, P64, ids, windows)
+        ref32 = spec_forward(hp, P32, ids, windows)
     assert ours.dtype == torch.float32
     assert_matches_torch(ours, ref64, ref32, name="logits")
     loss64 = F.cross_entropy(ref64, targets)
@@ -1626,7 +1586,7 @@ def test_first_run_without_shards_trains_on_the_repositorys_text(tmp_path, monke
     first, last = float(vals[0]), float(vals[10])
     assert abs(first - math.log(384)) < 0.5, first
     assert last < first - 1.0, (first, last)
-    hp = tg.smoke_corpus(tg.smoke_hyperparameters(), tg.parse_args(["--smoke"]), tg.Dist())
+    hp = cli.smoke_corpus(tg.smoke_hyperparameters(), _flags(["--smoke"])[0], tg.Dist())
     assert capsys.readouterr().out == said.format("read from")
     assert (hp.train_files, hp.val_files) == ("data/smoke/smoke_train_*.bin", "data/smoke/smoke_val_*.bin")
 
@@ -1678,9 +1638,9 @@ def test_token_id_beyond_the_vocabulary_is_one_line_exit_2(tmp_path, split, scri
 @pytest.mark.parametrize("top, vocab", [(511, 512), (512, 640), (50256, 50304)])
 def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     f = _write_ids(tmp_path / "s.bin", [top, 1, 2, top, 3])
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(), [f], [f])
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(), [f], [f])
     assert (hp.vocab_size, hp.bos_id) == (vocab, top)
-    fixed = tg.fit_to_data(tg.Hyperparameters(), [f], [f])  # the speedrun config keeps its own
+    fixed = cli.fit_to_data(tg.Hyperparameters(), [f], [f])  # the speedrun config keeps its own
     assert (fixed.vocab_size, fixed.bos_id) == (50304, 50256)
 
 
@@ -1721,7 +1681,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
     train, val = _gpt2_shards(tmp_path)
     files, val_files = shard_files(train), shard_files(val)
-    hp = tg.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
+    hp = cli.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
     assert (hp.vocab_size, hp.bos_id) == (50304, 50256)
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, val_files)
     mb = tr.loader.next()[0]
@@ -1752,8 +1712,8 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
 @on_smoke_run
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
-    with pytest.raises(tg.CheckpointError, match="written by 1 ranks, this run has 2"):
-        tg.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
+    with pytest.raises(checkpoints.CheckpointError, match="written by 1 ranks, this run has 2"):
+        checkpoints.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
 
 
 @on_smoke_run
@@ -1813,9 +1773,8 @@ def test_help_lists_every_hyperparameter_with_its_comment(script_main, capsys, m
 
 
 def test_generated_flags_set_their_fields():
-    args = tg.parse_args(["--muon-warmup-steps", "7", "--adam-lr", "0.5", "--no-compile", "--log-train-loss",
+    _, hp = _flags(["--muon-warmup-steps", "7", "--adam-lr", "0.5", "--no-compile", "--log-train-loss",
                           "--ve-tables", "1,-1,0", "--no-attn-layers", "", "--param-dtype", "float32"])
-    hp = tg.hyperparameters_from(args)
     assert (hp.muon_warmup_steps, hp.adam_lr, hp.compile, hp.log_train_loss) == (7, 0.5, False, True)
     assert (hp.ve_tables, hp.no_attn_layers, hp.param_dtype) == ((1, -1, 0), (), "float32")
     assert type(hp.muon_warmup_steps) is int and type(hp.adam_lr) is float
@@ -1825,8 +1784,8 @@ def test_generated_flags_set_their_fields():
     default = tg.Hyperparameters()
     assert all(getattr(hp, k) == getattr(default, k) for k in untouched)
     # the short names of the README and the records
-    hp = tg.hyperparameters_from(tg.parse_args(["--smoke", "--steps", "12", "--train-loss", "--seed", "3",
-                                                "--extension-steps", "1", "--val-every", "2"]))
+    _, hp = _flags(["--smoke", "--steps", "12", "--train-loss", "--seed", "3", "--extension-steps", "1",
+                    "--val-every", "2"])
     smoke = tg.smoke_hyperparameters()
     assert (hp.scheduled_steps, hp.log_train_loss, hp.seed, hp.extension_steps, hp.val_every) == (12, True, 3, 1, 2)
     assert (hp.num_layers, hp.stages) == (smoke.num_layers, smoke.stages)
@@ -1859,7 +1818,7 @@ def test_smoke_log_holds_the_logged_sources(smoke_run):
     assert logged == sorted(logged) and set(logged) <= set(run_log.logged_sources())
     assert {"train_gpt.py", "kernels/_checks.py", "kernels/hardware.py", "data/shards.py", "kernels/adam.py",
             "kernels/embedding.py", "kernels/momentum.py", "kernels/polar_express.py", "kernels/transpose.py",
-            "compilation.py", "evaluation.py", "profiling.py", "run_log.py"} <= set(logged)
+            "checkpoints.py", "cli.py", "compilation.py", "evaluation.py", "profiling.py", "run_log.py"} <= set(logged)
     assert "def bench_cases" not in text
 
 
@@ -1906,7 +1865,7 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
     """Off by default (opt-in); --ce-grad-in-forward turns it on; the log's lm_head_matmul line names the CE path on
     CUDA (the CPU runs the CE reference, whatever the flag)."""
     assert tg.Hyperparameters().ce_grad_in_forward is False
-    assert tg.hyperparameters_from(tg.parse_args(["--smoke", "--ce-grad-in-forward"])).ce_grad_in_forward is True
+    assert _flags(["--smoke", "--ce-grad-in-forward"])[1].ce_grad_in_forward is True
     on, off = (tg.build_fns(tg.smoke_hyperparameters(ce_grad_in_forward=f), torch.device(device), compile_model=False)
                for f in (True, False))
     if device == "cuda":
