@@ -64,6 +64,7 @@ from compilation import Compilation, cpp_wrapper_options
 from data.shards import ShardError, load_shard
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
+from kernels.accumulate import accumulate_, accumulate_ref
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
@@ -1180,17 +1181,18 @@ class StepKernels(NamedTuple):
     adam: object  # fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
     transpose_add: object  # dst += src.T
     transpose_copy: object  # dst = src.T
+    accumulate: object  # acc += fp32(grad), in place
 
     @staticmethod
     def on(device):
         if device.type == "cuda":
             return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step,
-                               transpose_add, transpose_copy)
+                               transpose_add, transpose_copy, accumulate_)
 
         def normuon_cpu(o, v2, master, lr_mul, param_out, **kw):  # the kernel's contract: param_out in place
             param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, param_dtype=param_out.dtype, **kw))
         return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_cpu, fused_adamw_multi_step_ref,
-                           transpose_add_ref, transpose_copy_ref)
+                           transpose_add_ref, transpose_copy_ref, accumulate_ref)
 
 
 class Group:
@@ -1323,7 +1325,7 @@ class Optimizer:
         while tied, the partner's waits for both gradients (the tied row's added to it first)."""
         if g.param.grad is None:
             return
-        g.acc[:g.rows].add_(g.param.grad)
+        self.kernels.accumulate(g.acc[:g.rows], g.param.grad)
         g.param.grad = None
         if self.last is None:
             return

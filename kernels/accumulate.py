@@ -4,7 +4,7 @@ Math, per element: acc <- acc + float32(grad), one fp32 addition rounded to near
 ``acc.add_(grad)`` (which converts grad to fp32 exactly, then adds). NaN and inf propagate as in that addition.
 
 Why a kernel: the trainer folds every parameter's gradient into its fp32 accumulator after each micro-step's
-backward (train_gpt.py, ``Optimizer._fold``), about 10 bytes per element for a bf16 gradient. torch runs the
+backward (train_gpt.py, ``Optimizer._grad_ready``), about 10 bytes per element for a bf16 gradient. torch runs the
 mixed-dtype ``add_`` through its unrolled element-wise loop (one element per thread and access, the casts in
 between), not the vectorised one it uses when the dtypes agree. Here each thread reads BLOCK / (32 num_warps)
 consecutive elements of each tensor with wide loads and writes its fp32 sums back likewise.

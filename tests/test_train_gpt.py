@@ -1924,3 +1924,17 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
         fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S / (N * tg.SLOTS), 1 / tg.SLOTS)
         want += [("fp8_head_ce_grad_in_fwd", fp8_scales)] * 2
     assert calls == want, calls
+
+
+def test_step_kernels_are_the_triton_kernels_on_cuda_and_their_references_on_the_cpu():
+    """The optimizer's kernels by device (StepKernels.on only picks functions: no GPU needed to check the choice):
+    on CUDA our Triton launchers, the gradient fold included (kernels.accumulate); on the CPU their references."""
+    from kernels import accumulate, adam, momentum, normuon, polar_express, transpose
+    cuda, cpu = tg.StepKernels.on(torch.device("cuda")), tg.StepKernels.on(torch.device("cpu"))
+    assert (cuda.momentum, cuda.polar, cuda.normuon, cuda.adam, cuda.transpose_add, cuda.transpose_copy,
+            cuda.accumulate) == (momentum.nesterov_momentum, polar_express.polar_express, normuon.normuon_update,
+                                 adam.fused_adamw_multi_step, transpose.transpose_add, transpose.transpose_copy,
+                                 accumulate.accumulate_)
+    assert (cpu.momentum, cpu.polar, cpu.adam, cpu.accumulate) == (
+        momentum.nesterov_momentum_ref, polar_express.polar_express_ref, adam.fused_adamw_multi_step_ref,
+        accumulate.accumulate_ref)
