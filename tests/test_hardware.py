@@ -42,10 +42,15 @@ def test_sm_count_traces_without_a_dynamo_warning(monkeypatch):
     `functools.lru_cache`-wrapped function ... Silent incorrectness is only a *potential* risk", twice per GPU run),
     and the compiled value is the device's, one graph for every call (no cache whose filling recompiles). CPU:
     torch.compile's eager backend, the CUDA query replaced by a device of 132 SMs (a named tuple: what dynamo can
-    hold as the query's constant result)."""
-    props = collections.namedtuple("Properties", "multi_processor_count")(132)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    hold as the query's constant result); on a GPU the real query (dynamo's own CUDA checks read more properties
+    than the stand-in has)."""
+    if torch.cuda.is_available():
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+    else:
+        sms = 132
+        props = collections.namedtuple("Properties", "multi_processor_count")(sms)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
     def scaled(x):
         return x * hardware.sm_count(torch.device("cuda", 0), 4) + hardware.sm_count(torch.device("cuda"), 4)
@@ -61,5 +66,5 @@ def test_sm_count_traces_without_a_dynamo_warning(monkeypatch):
     graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     assert [str(w.message) for w in caught] == []
-    assert out.tolist() == again.tolist() == [264.0, 264.0] and graphs == 1
+    assert out.tolist() == again.tolist() == [2.0 * sms] * 2 and graphs == 1
     assert hardware.sm_count(torch.device("cpu"), 4) == 4
