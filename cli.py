@@ -209,7 +209,7 @@ def set_up_process(args):
     """What must be set before CUDA starts: the allocator (expandable segments: the stages' batch shapes share one
     allocator without fragmenting it), and with --deterministic cuBLAS's workspace and torch's deterministic
     algorithms (warn_only: ops without a deterministic kernel warn; our Triton kernels are deterministic and
-    FlashAttention's backward is made so per call, train_gpt.py's doc_attention_bwd). On the CPU: keep_freed_memory."""
+    FlashAttention's backward is made so per call, kernels/attention.py's doc_attention_bwd). On the CPU: keep_freed_memory."""
     if not torch.cuda.is_available():
         keep_freed_memory()
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -12,7 +12,8 @@ functions of the step), the parameter table (PARAMS) and init, the model, the op
 training loop and its log lines. The machinery around a run lives in modules beside it, which import nothing from
 it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (saves, --resume checks), run_log.py
 (shards, log, step clock), compilation.py (compile warmup report, --compile-cache), profiling.py, evaluation.py
-(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels, data/ the shard format and corpora.
+(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels and the attention op, data/ the shard format,
+the corpora and the batches' way to the device (data/loader.py).
 
 Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
 banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
@@ -24,7 +25,7 @@ Compilation (CUDA): the embedding lookups run eagerly (gathers whose determinist
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
 `torch.compile(fullgraph=True, dynamic=False)` region per micro-batch length (train_step; val_step). What changes
 between steps without changing shapes is a tensor argument: the multi-token weights, the rotary tables and
-softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (doc_attention:
+softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (kernels/attention.py:
 FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
 Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
 
@@ -39,8 +40,6 @@ import dataclasses
 import gc
 import math
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,11 +60,13 @@ from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_ch
 from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, one_line_errors, parse_args,
                  set_up_process, smoke_corpus)
 from compilation import Compilation, cpp_wrapper_options
+from data.loader import BackgroundLoader, MicroBatch
 from data.shards import ShardError, load_shard
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
 from kernels.accumulate import accumulate_, accumulate_ref
 from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
+from kernels.attention import DocSeq, dense_attend, doc_cu_seqlens, doc_ids, flash_attend
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
@@ -556,150 +557,6 @@ def offset_keys(k, bos):
     return torch.where(stationary & ~own[:, None, None], F.pad(k[:-1], (0, 0, 0, 0, 1, 0)), k)
 
 
-def doc_ids(ids, bos_id):
-    """Document index per position (cumulative BOS count): the mask allows attention within a document."""
-    return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
-
-
-def doc_cu_seqlens(ids, bos_id):
-    """(n_docs + 1,) int32 on the CPU: where each document of the 1-D sequence ``ids`` starts (position 0, then
-    every BOS after it) and its length T at the end: FlashAttention's cumulative sequence lengths. Computed on
-    the host (the loader thread, or evaluation's host-side ids), so no step waits on the device for it."""
-    ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
-    starts = np.flatnonzero(ids == bos_id)
-    starts = starts[starts > 0]
-    return torch.from_numpy(np.concatenate([[0], starts, [len(ids)]]).astype(np.int32))
-
-
-class DocSeq(NamedTuple):
-    """The document structure of one attention call's sequence."""
-    cu: torch.Tensor  # (n_docs + 1,) int32 on the device: document starts and the length (FlashAttention)
-    docs: torch.Tensor  # (T,) int32 document index per position (the dense CPU path's mask)
-    max_len: int  # an upper bound of the documents' lengths (FlashAttention's grid)
-
-
-def _unit_last_dim(*tensors):
-    """Each tensor as it is when its last dim is contiguous (all FlashAttention asks for), else a contiguous copy."""
-    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
-
-
-# The attention ops, registered with torch.library's low-level API (define, then a kernel per dispatch key)
-# rather than torch.library.custom_op: the compiled step launches them from Python, twice per attention layer and
-# micro-step, and custom_op wraps every call in Python layers of its own (an autograd kernel, a device-kernel
-# wrapper with a dynamo guard, an aliasing check). Here the ops the compiled step calls, doc_attention_fwd and
-# doc_attention_bwd, run no Python but their CUDA kernels (no autograd kernel: the dispatcher's C++ fallback
-# passes them through). doc_attention, the op the model calls, exists for autograd: its autograd kernel applies
-# _DocAttention, whose forward calls doc_attention_fwd and whose backward doc_attention_bwd, so that these two,
-# not doc_attention, are what torch.compile records in the forward and backward graphs.
-_ATTENTION_LIB = torch.library.Library("speedrun", "FRAGMENT")
-_ATTENTION_ARGS = "Tensor q, Tensor k, Tensor v, Tensor cu, Tensor window, SymInt max_len, float scale"
-for _name in ("doc_attention", "doc_attention_fwd"):
-    _ATTENTION_LIB.define(f"{_name}({_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
-_ATTENTION_LIB.define("doc_attention_bwd(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                      "Tensor rng, Tensor cu, Tensor window, SymInt max_len, float scale, bool deterministic) "
-                      "-> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
-
-
-def _doc_attention_flash(q, k, v, cu, window, max_len, scale):
-    """speedrun::doc_attention_fwd on CUDA: causal attention within documents over a sliding window, with torch's
-    FlashAttention (varlen) kernels. q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window:
-    0-d int64 CPU tensor, the window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in
-    one document). The window is read on the host, from a CPU tensor, so that a compiled caller takes it as an
-    argument (no recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the
-    softmax log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
-    fused projection's (T, 3, H, D) output in layers without a value embedding): FlashAttention reads any token
-    and head strides, so only a last dim that is not contiguous is copied."""
-    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
-        *_unit_last_dim(q, k, v), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
-        window_size_left=int(window) - 1, window_size_right=0)
-    return out, lse, rng
-
-
-def _doc_attention_fake(q, k, v, cu, window, max_len, scale):
-    # torch's own shape rule for the op (the log-sum-exp layout differs between versions)
-    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale, window_size_left=0, window_size_right=0)
-    return out, lse, rng
-
-
-def _doc_attention_flash_bwd(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
-    """speedrun::doc_attention_bwd on CUDA: (dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the
-    strides of q, k, v. FlashAttention's backward accumulates dq with atomics unless deterministic algorithms are
-    on without warn_only: --deterministic asks for that here, for this call."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=False)
-    try:
-        grads = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), *_unit_last_dim(q, k, v), out, lse, cu, cu, max_len, max_len,
-            0.0, True, rng, torch.empty(0, device=q.device), scale=scale, window_size_left=int(window) - 1,
-            window_size_right=0)
-        return tuple(g.contiguous() for g in grads[:3])  # no copy: FlashAttention allocates them contiguous
-    finally:
-        if deterministic:
-            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
-def _doc_attention_bwd_fake(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-
-
-doc_attention = torch.ops.speedrun.doc_attention.default
-doc_attention_fwd = torch.ops.speedrun.doc_attention_fwd.default
-doc_attention_bwd = torch.ops.speedrun.doc_attention_bwd.default
-
-
-class _DocAttention(torch.autograd.Function):
-    """doc_attention's autograd: doc_attention_fwd, and doc_attention_bwd for the gradients of q, k and v."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu, window, max_len, scale):
-        out, lse, rng = doc_attention_fwd(q, k, v, cu, window, max_len, scale)
-        ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
-        ctx.max_len, ctx.scale = max_len, scale
-        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-        ctx.mark_non_differentiable(lse, rng)
-        return out, lse, rng
-
-    @staticmethod
-    def backward(ctx, grad, *_):
-        dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
-
-
-def _doc_attention_autograd(q, k, v, cu, window, max_len, scale):
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _DocAttention.apply(q, k, v, cu, window, max_len, scale)
-    return doc_attention_fwd(q, k, v, cu, window, max_len, scale)
-
-
-_ATTENTION_LIB.impl("doc_attention", _doc_attention_autograd, "Autograd")
-_ATTENTION_LIB.impl("doc_attention", doc_attention_fwd, "CompositeExplicitAutograd")  # called below autograd
-_ATTENTION_LIB.impl("doc_attention_fwd", _doc_attention_flash, "CUDA")
-_ATTENTION_LIB.impl("doc_attention_bwd", _doc_attention_flash_bwd, "CUDA")
-for _name, _fake in (("doc_attention", _doc_attention_fake), ("doc_attention_fwd", _doc_attention_fake),
-                     ("doc_attention_bwd", _doc_attention_bwd_fake)):
-    torch.library.register_fake(f"speedrun::{_name}", _fake, lib=_ATTENTION_LIB)
-
-
-def flash_attend(q, k, v, seq, window, scale):
-    """q, k, v (T, H, D) -> (T, H, D) (CUDA): doc_attention over seq's documents, window in tokens. FlashAttention
-    takes bf16 (and fp16) only: fp32 parameters (--param-dtype float32) take the dense path."""
-    if q.dtype != torch.bfloat16:
-        return dense_attend(q, k, v, seq, window, scale)
-    return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
-
-
-def dense_attend(q, k, v, seq, window, scale):
-    """CPU path (and the tests' reference): SDPA with the same mask, dense: causal, same document, q - k < window."""
-    pos = torch.arange(seq.docs.numel(), device=seq.docs.device)
-    rel = pos[:, None] - pos[None, :]
-    mask = (rel >= 0) & (rel < window) & (seq.docs[:, None] == seq.docs[None, :])
-    y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       attn_mask=mask, scale=scale)
-    return y.transpose(0, 1)
-
-
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
@@ -833,74 +690,6 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
 
 # -----------------------------------------------------------------------------
 # The model: embeddings (eager) -> layers + head (one compiled region per micro-batch shape)
-
-
-@dataclass
-class MicroBatch:
-    """One sequence of documents and what the model needs of it (model_inputs makes what is None from ids)."""
-    ids: torch.Tensor  # (T,) int32 inputs
-    targets: torch.Tensor = None  # (T,) int64 (None: evaluation, no loss)
-    prep: object = None  # kernels.embedding.EmbeddingPrep for ids (None: prepared in the backward)
-    cu_seqlens: torch.Tensor = None  # (n_docs + 1,) int32 doc_cu_seqlens(ids) from the host (None: made here)
-    bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
-    bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
-    max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
-    eager: torch.Tensor = None  # int32 buffer whose views are prep, bigram and bigram_prep (pack), or None
-
-    OWN = ("ids", "targets", "cu_seqlens")  # tensors with storages of their own (the compiled region's inputs)
-    ALIGN = 32  # int32 elements: each view of the packed buffer starts at a multiple of 128 bytes
-
-    def _parts(self):
-        """prep's three tensors, bigram and bigram_prep's three, those not None, in the order pack() writes them."""
-        return [*(self.prep[:3] if self.prep is not None else ()), *(() if self.bigram is None else (self.bigram,)),
-                *(self.bigram_prep[:3] if self.bigram_prep is not None else ())]
-
-    def _layout(self):
-        """The sizes that split a packed buffer into the parts (even entries) and the padding after each (odd
-        entries), so that every part starts at a multiple of ALIGN elements; and the buffer's length."""
-        sizes = []
-        for t in self._parts():
-            sizes += [t.numel(), -t.numel() % self.ALIGN]
-        return sizes, sum(sizes)
-
-    def _views(self, buf):
-        """prep, bigram and bigram_prep (those not None) as views of ``buf`` (one split: the host cost of to())."""
-        views = iter(buf.split_with_sizes(self._layout()[0])[::2])
-        out = {}
-        if self.prep is not None:
-            out["prep"] = self.prep._replace(order=next(views), sorted_ids=next(views), row_ptr=next(views))
-        if self.bigram is not None:
-            out["bigram"] = next(views)
-        if self.bigram_prep is not None:
-            out["bigram_prep"] = self.bigram_prep._replace(order=next(views), sorted_ids=next(views),
-                                                           row_ptr=next(views))
-        return out
-
-    def pack(self, pin=False):
-        """This micro-batch with prep, bigram and bigram_prep (int32 tensors only the eager lookups read) copied into
-        one buffer, whose views they become: to() moves it to the device with one copy instead of one per tensor.
-        ids, targets and cu_seqlens stay tensors of their own: they are the compiled region's inputs, whose guards
-        a view of a shared storage would change. pin: every tensor in pinned memory (for a non-blocking copy)."""
-        own = {k: getattr(self, k) for k in self.OWN if getattr(self, k) is not None}
-        own = {k: t.pin_memory() for k, t in own.items()} if pin else own
-        parts = self._parts()
-        if not parts:
-            return dataclasses.replace(self, **own)
-        buf = torch.empty(self._layout()[1], dtype=torch.int32, pin_memory=pin)
-        packed = dataclasses.replace(self, **own, **self._views(buf), eager=buf)
-        for dst, src in zip(packed._parts(), parts, strict=True):
-            dst.copy_(src)
-        return packed
-
-    def to(self, device):
-        """On ``device``, copied without blocking (from pinned memory: the copy overlaps the previous step)."""
-        if self.eager is None:
-            tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
-            return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in tensors
-                                                if getattr(self, k) is not None})
-        own = {k: getattr(self, k).to(device, non_blocking=True) for k in self.OWN if getattr(self, k) is not None}
-        buf = self.eager.to(device, non_blocking=True)
-        return dataclasses.replace(self, **own, **self._views(buf), eager=buf)
 
 
 class AttnTables(NamedTuple):
@@ -1473,7 +1262,7 @@ class Optimizer:
 # Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
 
 
-class TrainLoader:
+class TrainLoader(BackgroundLoader):
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
     A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to the stage's
@@ -1481,23 +1270,14 @@ class TrainLoader:
     resumed: the next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves
     to the next shard (cycling through the files). State = {shard index, BOS index, epoch, step}: where the next
     batch starts and the step it is for (the schedule's micro-batch length and max_doc_len).
-    A background thread prepares the next step's batch (pinned tensors + embedding prep).
+    The background thread (BackgroundLoader) prepares the next step's batch (pinned tensors + embedding prep).
     """
 
     def __init__(self, hp, files, d, micro_tokens_at):
-        self.hp, self.files, self.d = hp, files, d
+        super().__init__(files, hp.bos_id, d.device)
+        self.hp, self.d = hp, d
         self.micro_tokens_at = micro_tokens_at  # step -> T
-        self._cache = {}
-        self._q = queue.Queue(maxsize=1)
-        self._thread = None
         self.rewind(0)
-
-    def _shard(self, i):
-        """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
-        if i not in self._cache:
-            tokens = load_shard(self.files[i], mmap=True)
-            self._cache = {i: (tokens, np.flatnonzero(np.asarray(tokens) == self.hp.bos_id))}
-        return self._cache[i]
 
     def _plan(self, state, T, max_doc_len):
         """Slot spans [(start, end), ...] per slot for the global batch at `state`; returns (spans, new state)."""
@@ -1545,39 +1325,6 @@ class TrainLoader:
                 mb.bigram_prep = prepare_ids(mb.bigram, self.hp.bigram_vocab_size)
             micro.append(mb.pack(pin=self.d.device.type == "cuda"))
         return micro, new_state
-
-    def _worker(self, state):
-        try:
-            self._q.put(self._build(state))
-        except BaseException as e:  # surfaced in the main thread by next()
-            self._q.put(e)
-
-    def _start(self, state):
-        self._thread = threading.Thread(target=self._worker, args=(state,), daemon=True)
-        self._thread.start()
-
-    def next(self):
-        """This rank's micro-batches for the next step, moved to the device (non-blocking)."""
-        if self._thread is None:
-            self._start(self.state)
-        item = self._q.get()
-        self._thread.join()
-        if isinstance(item, BaseException):
-            raise item
-        micro, self.state = item
-        self._start(self.state)  # prepare the following step while this one trains
-        return [mb.to(self.d.device) for mb in micro]
-
-    def close(self):
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            while not self._q.empty():
-                self._q.get()
-
-    def load_state(self, state):
-        self.close()
-        self.state = dict(state)
 
     def rewind(self, step):
         """Back to the first document of the first shard, with the schedule at ``step`` (the warmup and the

@@ -32,6 +32,7 @@ import run_log
 import train_gpt as tg
 from data.shards import load_shard, shard_files, write_shard
 from flags import field_comments
+from kernels.attention import doc_attention, doc_attention_bwd, doc_attention_fwd
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -1360,7 +1361,7 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
         return dense_grads(grad, q, k, v, int(window_), scale_)
 
     def attention(q, k, v):
-        return tg.doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
+        return doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
 
     y_ref = tg.dense_attend(*qkv, tg.DocSeq(cu, docs, max_len), window, scale)
     g_ref = dense_grads(dy, *qkv, window, scale)
@@ -1405,10 +1406,10 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
         # What the compiled step runs per call: the op object's __call__, then the kernel, nothing else.
         args = (*qkv, cu, torch.tensor(window), max_len, scale)
         with torch.no_grad():
-            fwd_out = tg.doc_attention_fwd(*args)
-            names = _python_calls(dense_fwd, tg.doc_attention_fwd, *args)
+            fwd_out = doc_attention_fwd(*args)
+            names = _python_calls(dense_fwd, doc_attention_fwd, *args)
             assert names == ["__call__", "dense_fwd"], names
-            names = _python_calls(dense_bwd, tg.doc_attention_bwd, dy, *qkv, *fwd_out, cu, torch.tensor(window),
+            names = _python_calls(dense_bwd, doc_attention_bwd, dy, *qkv, *fwd_out, cu, torch.tensor(window),
                                   max_len, scale, False)
             assert names == ["__call__", "dense_bwd"], names
     finally:
