@@ -12,8 +12,8 @@ functions of the step), the parameter table (PARAMS) and init, the model, the op
 training loop and its log lines. The machinery around a run lives in modules beside it, which import nothing from
 it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (saves, --resume checks), run_log.py
 (shards, log, step clock), compilation.py (compile warmup report, --compile-cache), profiling.py, evaluation.py
-(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels and the attention op, data/ the shard format,
-the corpora and the batches' way to the device (data/loader.py).
+(HellaSwag, sampling), distributed.py (processes, collectives) and flags.py; kernels/ holds the Triton kernels
+and the attention op, data/ the shard format, the corpora and the batches' way to the device (data/loader.py).
 
 Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
 banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
@@ -62,6 +62,7 @@ from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, 
 from compilation import Compilation, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
 from data.shards import ShardError, load_shard
+from distributed import all_gather_rows, reduce_scatter_sum, setup_distributed
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
 from kernels.accumulate import accumulate_, accumulate_ref
@@ -313,67 +314,11 @@ def micro_tokens_at(hp, step):
     return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
-# -----------------------------------------------------------------------------
-# Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
-
-
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
         raise SettingsError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
                             f"of the global batch (use 1, 2, 4 or 8 processes: torchrun --nproc_per_node)")
     return SLOTS // world_size
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def gloo(self):
-        return self.world > 1 and dist.get_backend() == "gloo"
-
-
-def setup_distributed():
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    check_world_size(world)
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1:
-        if device.type == "cuda":
-            dist.init_process_group(backend="nccl", device_id=device)
-        else:
-            dist.init_process_group(backend="gloo")
-    return Dist(rank, world, device)
-
-
-def reduce_scatter_sum(d, full):
-    """Async sum of `full` (rows padded to a multiple of the world) over ranks; returns (work, my row shard)."""
-    rows = full.shape[0] // d.world
-    if d.world == 1:
-        return None, full
-    if d.gloo:  # gloo has no reduce_scatter_tensor: all-reduce the whole buffer and keep my rows
-        work = dist.all_reduce(full, op=dist.ReduceOp.SUM, async_op=True)
-        return work, full[d.rank * rows:(d.rank + 1) * rows]
-    shard = torch.empty((rows, *full.shape[1:]), dtype=full.dtype, device=full.device)
-    return dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.SUM, async_op=True), shard
-
-
-def all_gather_rows(d, shard, out):
-    """Async gather of every rank's row shard into `out` (rows = world * shard rows); returns work or None."""
-    if d.world == 1:
-        out.copy_(shard)  # returns at once when shard is out's own memory (Group.in_place)
-        return None
-    if d.gloo:
-        parts = list(out.chunk(d.world))
-        work = dist.all_gather(parts, shard.contiguous(), async_op=True)
-        return work
-    return dist.all_gather_into_tensor(out, shard.contiguous(), async_op=True)
 
 
 # -----------------------------------------------------------------------------
