@@ -42,7 +42,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -55,10 +54,8 @@ if not torch.cuda.is_available():
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
-                         saved_hyperparameters, tidy_checkpoints)
-from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, one_line_errors, parse_args,
-                 set_up_process, smoke_corpus)
+from checkpoints import load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters, tidy_checkpoints
+from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
 from compilation import Compilation, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
 from data.shards import ShardError, load_shard
@@ -78,7 +75,7 @@ from kernels.normuon import normuon_update, normuon_update_ref
 from kernels.polar_express import polar_express, polar_express_ref
 from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
-from run_log import StepClock, log_summary, new_run_id, open_log, resolve_files
+from run_log import StepClock, log_summary
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -1418,15 +1415,9 @@ def train(hp, args, d):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
     run_failed:, Ctrl-C with run_interrupted: (cli.Interrupted). Returns (log path, checkpoint folder)."""
-    hp = smoke_corpus(hp, args, d)
-    train_files, val_files = resolve_files(hp)
-    hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
-    continues = check_resume(hp, args.resume, d) if args.resume else None
-    run_id = args.run_id or new_run_id(d)
-    log = open_log(hp, args, d, train_files, val_files, run_id, continues)
-    ckpt_dir = Path(args.checkpoint_dir) / run_id
+    hp, train_files, val_files, log, ckpt_dir = open_run(hp, args, d)
     step = None  # the step the timed loop is at (None before it)
-    try:
+    with run_outcome(log, args, ckpt_dir, hp.total_steps, lambda: step):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
@@ -1503,14 +1494,6 @@ def train(hp, args, d):
         tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T))
         log_summary(log, d, tokens, clock.ms, stage_ms, weights)
         compiling.log_recompiles()
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT): say where the run can resume from
-        message = interrupted_message(step, hp.total_steps, last_checkpoint(ckpt_dir, args.resume), args)
-        log(f"run_interrupted: {message}", console=False)
-        raise Interrupted(message) from None
-    except BaseException as e:
-        reason = (str(e).strip().splitlines() or [""])[0]
-        log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
-        raise
     return log.path, ckpt_dir
 
 
