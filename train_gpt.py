@@ -62,18 +62,13 @@ from data.shards import ShardError, load_shard
 from distributed import all_gather_rows, reduce_scatter_sum, setup_distributed
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
-from kernels.accumulate import accumulate_, accumulate_ref
-from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
 from kernels.attention import DocSeq, dense_attend, doc_cu_seqlens, doc_ids, flash_attend
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
+from kernels.dispatch import StepKernels
 from kernels.embedding import embedding, prepare_ids
 from kernels.mlp import relu2_mlp
-from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
-from kernels.normuon import normuon_update, normuon_update_ref
-from kernels.polar_express import polar_express, polar_express_ref
-from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
 from run_log import StepClock, log_summary
 
@@ -902,28 +897,6 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 # -----------------------------------------------------------------------------
 # Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
-
-
-class StepKernels(NamedTuple):
-    """The optimizer's kernels: ours on CUDA, their PyTorch references on the CPU (tests/test_<kernel>.py)."""
-    momentum: object  # nesterov_momentum(grad, buf, momentum) -> X bf16
-    polar: object  # polar_express(X, normalized=True)
-    normuon: object  # normuon_update(o, v2, master, lr_mul, param_out, lr=, beta2=, wd=)
-    adam: object  # fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
-    transpose_add: object  # dst += src.T
-    transpose_copy: object  # dst = src.T
-    accumulate: object  # acc += fp32(grad), in place
-
-    @staticmethod
-    def on(device):
-        if device.type == "cuda":
-            return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step,
-                               transpose_add, transpose_copy, accumulate_)
-
-        def normuon_cpu(o, v2, master, lr_mul, param_out, **kw):  # the kernel's contract: param_out in place
-            param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, param_dtype=param_out.dtype, **kw))
-        return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_cpu, fused_adamw_multi_step_ref,
-                           transpose_add_ref, transpose_copy_ref, accumulate_ref)
 
 
 class Group:
