@@ -70,7 +70,7 @@ from kernels.dispatch import StepKernels
 from kernels.embedding import embedding, prepare_ids
 from kernels.mlp import relu2_mlp
 from profiling import profile_stages
-from run_log import StepClock, log_summary
+from run_log import StepClock, log_summary, path_lines
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -808,17 +808,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
     ok, why = fp8_head_support(device)
     fp8 = hp.fp8_head and ok
     grad_in_fwd = hp.ce_grad_in_forward and device.type == "cuda"
-    if fp8:
-        head_path = f"fp8 ({why}); e5m2 gradient: {'CE forward' if grad_in_fwd else 'row'} kernel + transpose copy"
-    else:
-        head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})"
-    if device.type == "cuda":  # the CPU runs the CE reference
-        head_path += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
-                      "; CE forward and backward kernels (--no-ce-grad-in-forward)")
     fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
-    mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
-                + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
-                                                             f"not {device.type} {hp.param_dtype})"))
     layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
 
     def loss(x, w, t, wk, head8=None):
@@ -838,19 +828,16 @@ def build_fns(hp, device, compile_model, attention="auto"):
         return val_loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, one)
 
     steps = [train_step, val_step]
-    compile_path = "not compiled"
+    options = None
     if compile_model:  # --cpp-wrapper: inductor options for the training step only (validation is not timed)
         options = cpp_wrapper_options() if hp.cpp_wrapper else None
-        compile_path = (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public rules)"
-                        if options else "none beyond fullgraph=True, dynamic=False (record #74's)")
         steps = [torch.compile(f, fullgraph=True, dynamic=False, options=o) for f, o in
                  ((train_step, options), (val_step, None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
-    embed_path = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
-                  "dense gradient, folded into the optimizer's fp32 accumulators ("
-                  + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
+    head_path, embed_path, mlp_path, compile_path = path_lines(hp, device, fp8, why, grad_in_fwd, fused_mlp, embed_accs,
+                                                               compile_model, options)
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path,
                     mlp_path=mlp_path, head_operands=head_operands, compile_path=compile_path)
 
