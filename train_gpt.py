@@ -543,9 +543,8 @@ def mlp_sublayer(x, w_fc, w_proj_t):
 
 
 def fused_mlp_sublayer(x, w_fc, w_proj_t):
-    """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16/fp16; --fused-mlp): the up-projection's matmul
-    computes the ReLU² in its epilogue, and in the backward multiplies by the ReLU²'s derivative in its epilogue,
-    so neither direction has an elementwise pass over the (T, mlp_dim) activation of its own."""
+    """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16; --fused-mlp): the ReLU² and its derivative in the
+    up-projection's matmul epilogues, no elementwise pass over the (T, mlp_dim) activation."""
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t)
 
 
@@ -601,14 +600,11 @@ def head_logits(x, lm_head, softcap):
 
 def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False, head8=None):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
-    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
-    softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with the row kernel and a transpose copy, multiplying the normed x's
-    e4m3 copy (made here: in the compiled step, by the final norm's kernel) and head8 = fp8_head_weights(lm_head,
-    FP8_W_S) (required with fp8: the caller's, made once per optimizer step). grad_in_fwd (CUDA): the head and the
-    loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits' gradient for the
-    gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With weights (1.0,): the
-    mean next-token CE."""
+    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. ce:
+    softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
+    here, by the final norm's kernel in the compiled step) and head8 = fp8_head_weights(lm_head, FP8_W_S) (the
+    caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE forward kernel also writes the logits'
+    gradient, for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward)."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
@@ -674,12 +670,9 @@ def cpu_embedding(ids, weight, prep=None, acc=None):
 
 
 def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None, accs=None):
-    """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None).
-
-    Eager, outside the compiled region: the lookups are gathers, and their deterministic backward kernels (one
-    per table) run after the compiled backward. lookup: kernels.embedding.embedding (CUDA) or cpu_embedding.
-    accs: training with ModelFns.embed_accs only, Optimizer.embedding_accs(): each lookup's backward adds its
-    table's gradient into these fp32 accumulators instead of giving the table a (dense) gradient."""
+    """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None), eager.
+    lookup: kernels.embedding.embedding (CUDA) or cpu_embedding. accs (training with ModelFns.embed_accs:
+    Optimizer.embedding_accs()): each lookup's backward adds its table's gradient into these fp32 accumulators."""
     accs = accs or {}
     e = lookup(ids, params["embed"], prep=prep, acc=accs.get("embed"))
     ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
@@ -797,12 +790,8 @@ class ModelFns:
 def build_fns(hp, device, compile_model, attention="auto"):
     """The model functions on ``device``, and the log's lines saying which paths they take. attention: "auto"
     (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests). With compile_model (CUDA), train_step and
-    val_step are each one region (torch.compile fullgraph, one graph per micro-batch length; the number of
-    documents is a dynamic dimension): the layers and the head with its loss, so that a micro-step costs the host
-    a handful of calls and inductor fuses the residual updates, norms and gates across sublayers. Attention and
-    the head's FP8 matmuls and cross-entropy are custom ops inside it; the fused MLP's kernels (hp.fused_mlp, CUDA,
-    bf16 matrices) are traced into it as user-defined Triton kernels (kernels/mlp.py says why). The FP8 head is
-    chosen here, once: hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (val_step)."""
+    val_step are each one compiled region (the module docstring's Compilation). The FP8 head is chosen here, once:
+    hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (always in val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -854,11 +843,9 @@ class ModelInputs(NamedTuple):
 
 
 def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, accs=None):
-    """The model's one entry: the ModelInputs of the micro-batch ``batch`` at windows (short, long) in blocks
-    (the region's parameters, the eager embedding lookups, the document boundaries, the attention tables),
-    for training, validation, evaluation and sampling alike. What the loader did not prepare (batch.prep,
-    bigram, cu_seqlens None) is made here from the ids. yarn_long: see attn_tables. accs: see embed_inputs
-    (the training step's, with fns.embed_accs; every other caller passes none)."""
+    """The model's one entry, for training, validation, evaluation and sampling alike: the ModelInputs of the
+    micro-batch ``batch`` at windows (short, long) in blocks; what the loader did not prepare (None) is made here
+    from the ids. yarn_long: see attn_tables. accs: see embed_inputs (the training step's only)."""
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
@@ -870,10 +857,9 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
 
 
 def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None, head8=None):
-    """Loss of one micro-batch (a 0-d fp32 tensor). train: the training loss (train_step: the mean over rows of
-    the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen, with
-    head8 = fns.head_operands(params["lm_head"]) of the current head, or None to make it in the call), or the
-    validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
+    """Loss of one micro-batch (a 0-d fp32 tensor): with train, train_step's (head_loss with the multi-token
+    weights mtp, (K,) fp32 on the device; head8: fns.head_operands of the current head, None: made here), else
+    val_step's (the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
     x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
         assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
@@ -991,10 +977,8 @@ class Optimizer:
                 g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
 
     def embedding_accs(self):
-        """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
-        embed (V, C), value_embeds one (V, C) per table (rows of the stacked buffer), bigram_embed (rows, C); the
-        padding rows are left out. Made once and reused every micro-step (no view ops on the hot path): the
-        accumulators are only ever changed in place (folds, zero_, load_state_dict's copy_)."""
+        """Views of the embedding tables' fp32 accumulators (padding rows left out), for embed_inputs' accs: made
+        once (no view ops on the hot path), as the accumulators are only ever changed in place."""
         if self._embedding_accs is None:
             hp, g = self.hp, self.groups
             ve = g["value_embeds"]
