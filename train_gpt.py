@@ -67,7 +67,7 @@ from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_h
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.dispatch import StepKernels
-from kernels.embedding import embedding, prepare_ids
+from kernels.embedding import cpu_embedding, embedding, prepare_ids
 from kernels.mlp import relu2_mlp
 from profiling import profile_stages
 from run_log import StepClock, log_summary, path_lines
@@ -658,15 +658,6 @@ def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
         cache[key] = AttnTables(cos, sin, pcos, psin, torch.tensor(scale, dtype=torch.float32, device=device),
                                 short, long, max_len)
     return cache[key]
-
-
-def cpu_embedding(ids, weight, prep=None, acc=None):
-    """weight[ids] through torch's own embedding (the CPU path: its backward is a plain index_add, the math of
-    kernels.embedding without the Triton interpreter's cost at GPT-2's 50304 rows). It has no accumulate mode:
-    acc must be None (build_fns leaves ModelFns.embed_accs off on the CPU)."""
-    if acc is not None:
-        raise ValueError("cpu_embedding has no accumulate mode (acc): that is kernels.embedding.embedding's")
-    return F.embedding(ids, weight)
 
 
 def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None, accs=None):
