@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_cross_entropy import _scaled_mm_works
 from tolerances import assert_close_report, assert_matches_torch
 
 import cli
@@ -682,16 +683,6 @@ def test_fp8_head_falls_back_to_the_same_math_on_cpu():
     # worst case of recursive summation); a bf16 matmul would be off by ~2^-8 relative.
     e = spec(x.double(), w.detach().double())
     assert_close_report(la, e, atol=128 * 2 ** -24 * e.abs().item(), name="fallback loss")
-
-
-def _scaled_mm_works(device):
-    try:
-        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
-        one = torch.ones((), device=device)
-        torch._scaled_mm(a, a.T.contiguous().T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 SOFTCAP3 = (23.0, 5.0, 7.5)  # (A, B, C): logits -> A sigmoid((logits + B) / C), as train_gpt.py
