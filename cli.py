@@ -3,11 +3,12 @@
 ``parse_args`` makes one flag per field of train_gpt.py's Hyperparameters (flags.py) next to the run's own flags
 (--run-id, --resume, --sample, ...), and returns the hyperparameters they give. ``check_settings`` checks every
 setting that needs no file before any work starts; ``smoke_corpus`` and ``fit_to_data`` fit them to the shards.
-``one_line_errors`` wraps train_gpt.py's main(): a problem with the user's settings, data, checkpoint or launch is
-one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and SystemExit(2) on every
-rank (bugs keep their traceback); Ctrl-C is one line `train_gpt.py: interrupted ...` (in training: where to resume
-from, ``interrupted_message``) and SystemExit(130). This module imports nothing from train_gpt.py: what it needs of
-it (the dataclass, the smoke config, the checks that read the schedule) is passed in.
+``open_run`` starts a training run (shards, --resume check, log) and ``run_outcome`` ends its log when it fails or
+is interrupted. ``one_line_errors`` wraps train_gpt.py's main(): a problem with the user's settings, data,
+checkpoint or launch is one line `train_gpt.py: error: ...` on stderr, printed by rank 0 only under torchrun, and
+SystemExit(2) on every rank (bugs keep their traceback); Ctrl-C is one line `train_gpt.py: interrupted ...` (in
+training: where to resume from, ``interrupted_message``) and SystemExit(130). This module imports nothing from
+train_gpt.py: what it needs of it (the dataclass, the smoke config, the checks that read the schedule) is passed in.
 """
 import contextlib
 import dataclasses
@@ -16,10 +17,11 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import torch
 
-from checkpoints import RESUME_MAY_DIFFER, CheckpointError, check_resume_flags
+from checkpoints import RESUME_MAY_DIFFER, CheckpointError, check_resume, check_resume_flags, last_checkpoint
 from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError
 from data.shards import ShardError, check_token_ids, load_shard
@@ -28,7 +30,7 @@ from evaluation import GPT2_VOCAB
 from flags import (FLAG_ALIASES, ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, flag_name,
                    launch_rank)
 from kernels.hardware import keep_freed_memory
-from run_log import check_run_id
+from run_log import check_run_id, new_run_id, open_log, resolve_files
 
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
 SMOKE_CORPUS = "data/smoke"  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
@@ -209,7 +211,8 @@ def set_up_process(args):
     """What must be set before CUDA starts: the allocator (expandable segments: the stages' batch shapes share one
     allocator without fragmenting it), and with --deterministic cuBLAS's workspace and torch's deterministic
     algorithms (warn_only: ops without a deterministic kernel warn; our Triton kernels are deterministic and
-    FlashAttention's backward is made so per call, train_gpt.py's doc_attention_bwd). On the CPU: keep_freed_memory."""
+    FlashAttention's backward is made so per call, kernels/attention.py's doc_attention_bwd). On the CPU:
+    keep_freed_memory."""
     if not torch.cuda.is_available():
         keep_freed_memory()
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -252,6 +255,35 @@ def fit_to_data(hp, train_files, val_files, bos_id=None):
                              f"{bos_id}: the first token of a shard begins a document and should be the separator "
                              f"(BOS) in both; state it with --bos-id")
     return dataclasses.replace(hp, vocab_size=-(-(max(top, bos_id) + 1) // 128) * 128, bos_id=bos_id)
+
+
+def open_run(hp, args, d):
+    """A training run's start: --smoke's corpus, the shards (fit_to_data), the --resume check, the run id and the
+    log (run_log.open_log). Returns (hp fitted to the shards, train shards, val shards, log, checkpoint folder)."""
+    hp = smoke_corpus(hp, args, d)
+    train_files, val_files = resolve_files(hp)
+    hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
+    continues = check_resume(hp, args.resume, d) if args.resume else None
+    run_id = args.run_id or new_run_id(d)
+    log = open_log(hp, args, d, train_files, val_files, run_id, continues)
+    return hp, train_files, val_files, log, Path(args.checkpoint_dir) / run_id
+
+
+@contextlib.contextmanager
+def run_outcome(log, args, ckpt_dir, total_steps, step):
+    """Around a training run once its log is open: Ctrl-C ends the log with run_interrupted: and raises Interrupted,
+    saying where the run can resume from (step(): the step the timed loop is at, None before it); any other
+    exception ends the log with run_failed: and goes on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        message = interrupted_message(step(), total_steps, last_checkpoint(ckpt_dir, args.resume), args)
+        log(f"run_interrupted: {message}", console=False)
+        raise Interrupted(message) from None
+    except BaseException as e:
+        reason = (str(e).strip().splitlines() or [""])[0]
+        log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
+        raise
 
 
 class Interrupted(KeyboardInterrupt):

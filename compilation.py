@@ -239,7 +239,7 @@ class Compilation:
     opens --compile-cache PATH (rank 0 reads the stamp, and empties a stale cache, before the other ranks look;
     without compilation PATH is logged as unused). ``warmup`` runs and reports the compile warmup;
     ``timed_run_starts`` and ``log_recompiles`` bracket the timed run. d: the run's ranks and device
-    (train_gpt.Dist); log: its Logger."""
+    (distributed.Dist); log: its Logger."""
 
     def __init__(self, enabled, cache_path, d, log):
         self.enabled, self.d, self.log = enabled, d, log

@@ -92,7 +92,7 @@ class HellaSwag:
     """This rank's share of the examples (r, r + W, ...) of hp.hellaswag_file (the first hp.hellaswag_limit, 0:
     all), rendered and packed once for a model of hp's vocabulary and BOS and of block ``block``; ``evaluate``
     scores them and all-reduces the counts: (examples, correct acc, correct acc_norm) over all ranks. d: the
-    run's ranks and device (train_gpt.Dist)."""
+    run's ranks and device (distributed.Dist)."""
 
     def __init__(self, hp, d, block, encoding=None):
         examples = load_examples(hp.hellaswag_file, hp.hellaswag_limit)

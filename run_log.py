@@ -228,6 +228,29 @@ class StepClock:
         return out
 
 
+def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, compiled, options):
+    """The log's lines on the paths train_gpt.build_fns chose for ``device`` and why: (lm_head_matmul,
+    embedding_backward, mlp, compile_options). fp8_why: kernels.cross_entropy.fp8_head_support's reason; options:
+    the training step's inductor options (--cpp-wrapper) or None."""
+    if fp8:
+        head = f"fp8 ({fp8_why}); e5m2 gradient: {'CE forward' if grad_in_fwd else 'row'} kernel + transpose copy"
+    else:
+        head = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else fp8_why})"
+    if device.type == "cuda":  # the CPU runs the CE reference
+        head += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
+                 "; CE forward and backward kernels (--no-ce-grad-in-forward)")
+    embed = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
+             "dense gradient, folded into the optimizer's fp32 accumulators ("
+             + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
+    mlp = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
+           + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
+                                                        f"not {device.type} {hp.param_dtype})"))
+    if not compiled:
+        return head, embed, mlp, "not compiled"
+    return head, embed, mlp, (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public "
+                              f"rules)" if options else "none beyond fullgraph=True, dynamic=False (record #74's)")
+
+
 def log_summary(log, d, tokens, train_ms, stage_ms, matmul_weights):
     """The footer: peak memory (CUDA), tokens/s per GPU (``tokens``: what the timed steps trained on, all ranks),
     MFU (6 FLOPs per matmul weight per token, forward + backward; ``matmul_weights``: the model's, per token)

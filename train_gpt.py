@@ -12,7 +12,8 @@ functions of the step), the parameter table (PARAMS) and init, the model, the op
 training loop and its log lines. The machinery around a run lives in modules beside it, which import nothing from
 it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (saves, --resume checks), run_log.py
 (shards, log, step clock), compilation.py (compile warmup report, --compile-cache), profiling.py, evaluation.py
-(HellaSwag, sampling) and flags.py; kernels/ holds the Triton kernels, data/ the shard format and corpora.
+(HellaSwag, sampling), distributed.py (processes, collectives) and flags.py; kernels/ holds the Triton kernels
+and the attention op, data/ the shard format, the corpora and the batches' way to the device (data/loader.py).
 
 Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
 banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
@@ -24,7 +25,7 @@ Compilation (CUDA): the embedding lookups run eagerly (gathers whose determinist
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
 `torch.compile(fullgraph=True, dynamic=False)` region per micro-batch length (train_step; val_step). What changes
 between steps without changing shapes is a tensor argument: the multi-token weights, the rotary tables and
-softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (doc_attention:
+softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (kernels/attention.py:
 FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
 Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
 
@@ -39,11 +40,8 @@ import dataclasses
 import gc
 import math
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -56,27 +54,23 @@ if not torch.cuda.is_available():
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from checkpoints import (check_resume, last_checkpoint, load_checkpoint, read_checkpoint, save_checkpoint,
-                         saved_hyperparameters, tidy_checkpoints)
-from cli import (Interrupted, check_settings, fit_to_data, interrupted_message, one_line_errors, parse_args,
-                 set_up_process, smoke_corpus)
+from checkpoints import load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters, tidy_checkpoints
+from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
 from compilation import Compilation, cpp_wrapper_options
+from data.loader import BackgroundLoader, MicroBatch
 from data.shards import ShardError, load_shard
+from distributed import all_gather_rows, reduce_scatter_sum, setup_distributed
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
-from kernels.accumulate import accumulate_, accumulate_ref
-from kernels.adam import fused_adamw_multi_step, fused_adamw_multi_step_ref
+from kernels.attention import DocSeq, dense_attend, doc_cu_seqlens, doc_ids, flash_attend
 from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_head_ce, fp8_head_ce_grad_in_fwd,
                                    fp8_head_support, fp8_head_weights, head_ce_grad_in_fwd,
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
-from kernels.embedding import embedding, prepare_ids
+from kernels.dispatch import StepKernels
+from kernels.embedding import cpu_embedding, embedding, prepare_ids
 from kernels.mlp import relu2_mlp
-from kernels.momentum import nesterov_momentum, nesterov_momentum_ref
-from kernels.normuon import normuon_update, normuon_update_ref
-from kernels.polar_express import polar_express, polar_express_ref
-from kernels.transpose import transpose_add, transpose_add_ref, transpose_copy, transpose_copy_ref
 from profiling import profile_stages
-from run_log import StepClock, log_summary, new_run_id, open_log, resolve_files
+from run_log import StepClock, log_summary, path_lines
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -312,67 +306,11 @@ def micro_tokens_at(hp, step):
     return stage_at(hp, min(step, hp.total_steps - 1))[1].batch_tokens // SLOTS
 
 
-# -----------------------------------------------------------------------------
-# Distributed setup and collectives (NCCL on GPU; gloo on CPU, which lacks the *_tensor collectives)
-
-
 def check_world_size(world_size):
     if world_size not in (1, 2, 4, 8):
         raise SettingsError(f"world size {world_size} is not supported: it must divide the {SLOTS} micro-batches "
                             f"of the global batch (use 1, 2, 4 or 8 processes: torchrun --nproc_per_node)")
     return SLOTS // world_size
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def gloo(self):
-        return self.world > 1 and dist.get_backend() == "gloo"
-
-
-def setup_distributed():
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    check_world_size(world)
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1:
-        if device.type == "cuda":
-            dist.init_process_group(backend="nccl", device_id=device)
-        else:
-            dist.init_process_group(backend="gloo")
-    return Dist(rank, world, device)
-
-
-def reduce_scatter_sum(d, full):
-    """Async sum of `full` (rows padded to a multiple of the world) over ranks; returns (work, my row shard)."""
-    rows = full.shape[0] // d.world
-    if d.world == 1:
-        return None, full
-    if d.gloo:  # gloo has no reduce_scatter_tensor: all-reduce the whole buffer and keep my rows
-        work = dist.all_reduce(full, op=dist.ReduceOp.SUM, async_op=True)
-        return work, full[d.rank * rows:(d.rank + 1) * rows]
-    shard = torch.empty((rows, *full.shape[1:]), dtype=full.dtype, device=full.device)
-    return dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.SUM, async_op=True), shard
-
-
-def all_gather_rows(d, shard, out):
-    """Async gather of every rank's row shard into `out` (rows = world * shard rows); returns work or None."""
-    if d.world == 1:
-        out.copy_(shard)  # returns at once when shard is out's own memory (Group.in_place)
-        return None
-    if d.gloo:
-        parts = list(out.chunk(d.world))
-        work = dist.all_gather(parts, shard.contiguous(), async_op=True)
-        return work
-    return dist.all_gather_into_tensor(out, shard.contiguous(), async_op=True)
 
 
 # -----------------------------------------------------------------------------
@@ -556,150 +494,6 @@ def offset_keys(k, bos):
     return torch.where(stationary & ~own[:, None, None], F.pad(k[:-1], (0, 0, 0, 0, 1, 0)), k)
 
 
-def doc_ids(ids, bos_id):
-    """Document index per position (cumulative BOS count): the mask allows attention within a document."""
-    return torch.cumsum((ids == bos_id).to(torch.int32), 0, dtype=torch.int32)
-
-
-def doc_cu_seqlens(ids, bos_id):
-    """(n_docs + 1,) int32 on the CPU: where each document of the 1-D sequence ``ids`` starts (position 0, then
-    every BOS after it) and its length T at the end: FlashAttention's cumulative sequence lengths. Computed on
-    the host (the loader thread, or evaluation's host-side ids), so no step waits on the device for it."""
-    ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
-    starts = np.flatnonzero(ids == bos_id)
-    starts = starts[starts > 0]
-    return torch.from_numpy(np.concatenate([[0], starts, [len(ids)]]).astype(np.int32))
-
-
-class DocSeq(NamedTuple):
-    """The document structure of one attention call's sequence."""
-    cu: torch.Tensor  # (n_docs + 1,) int32 on the device: document starts and the length (FlashAttention)
-    docs: torch.Tensor  # (T,) int32 document index per position (the dense CPU path's mask)
-    max_len: int  # an upper bound of the documents' lengths (FlashAttention's grid)
-
-
-def _unit_last_dim(*tensors):
-    """Each tensor as it is when its last dim is contiguous (all FlashAttention asks for), else a contiguous copy."""
-    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
-
-
-# The attention ops, registered with torch.library's low-level API (define, then a kernel per dispatch key)
-# rather than torch.library.custom_op: the compiled step launches them from Python, twice per attention layer and
-# micro-step, and custom_op wraps every call in Python layers of its own (an autograd kernel, a device-kernel
-# wrapper with a dynamo guard, an aliasing check). Here the ops the compiled step calls, doc_attention_fwd and
-# doc_attention_bwd, run no Python but their CUDA kernels (no autograd kernel: the dispatcher's C++ fallback
-# passes them through). doc_attention, the op the model calls, exists for autograd: its autograd kernel applies
-# _DocAttention, whose forward calls doc_attention_fwd and whose backward doc_attention_bwd, so that these two,
-# not doc_attention, are what torch.compile records in the forward and backward graphs.
-_ATTENTION_LIB = torch.library.Library("speedrun", "FRAGMENT")
-_ATTENTION_ARGS = "Tensor q, Tensor k, Tensor v, Tensor cu, Tensor window, SymInt max_len, float scale"
-for _name in ("doc_attention", "doc_attention_fwd"):
-    _ATTENTION_LIB.define(f"{_name}({_ATTENTION_ARGS}) -> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
-_ATTENTION_LIB.define("doc_attention_bwd(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                      "Tensor rng, Tensor cu, Tensor window, SymInt max_len, float scale, bool deterministic) "
-                      "-> (Tensor, Tensor, Tensor)", tags=torch.Tag.pt2_compliant_tag)
-
-
-def _doc_attention_flash(q, k, v, cu, window, max_len, scale):
-    """speedrun::doc_attention_fwd on CUDA: causal attention within documents over a sliding window, with torch's
-    FlashAttention (varlen) kernels. q, k, v (T, H, D) bf16; cu (n_docs + 1,) int32 document boundaries; window:
-    0-d int64 CPU tensor, the window in tokens (a key k is seen by query q iff 0 <= q - k < window and both lie in
-    one document). The window is read on the host, from a CPU tensor, so that a compiled caller takes it as an
-    argument (no recompilation when it changes) and reading it waits on nothing. Returns (out (T, H, D), the
-    softmax log-sum-exp and the RNG state, which the backward needs). q, k, v may be strided views (v is one of the
-    fused projection's (T, 3, H, D) output in layers without a value embedding): FlashAttention reads any token
-    and head strides, so only a last dim that is not contiguous is copied."""
-    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
-        *_unit_last_dim(q, k, v), cu, cu, max_len, max_len, 0.0, True, False, scale=scale,
-        window_size_left=int(window) - 1, window_size_right=0)
-    return out, lse, rng
-
-
-def _doc_attention_fake(q, k, v, cu, window, max_len, scale):
-    # torch's own shape rule for the op (the log-sum-exp layout differs between versions)
-    out, lse, rng, _, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale, window_size_left=0, window_size_right=0)
-    return out, lse, rng
-
-
-def _doc_attention_flash_bwd(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
-    """speedrun::doc_attention_bwd on CUDA: (dq, dk, dv) of doc_attention, each contiguous (T, H, D), whatever the
-    strides of q, k, v. FlashAttention's backward accumulates dq with atomics unless deterministic algorithms are
-    on without warn_only: --deterministic asks for that here, for this call."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=False)
-    try:
-        grads = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), *_unit_last_dim(q, k, v), out, lse, cu, cu, max_len, max_len,
-            0.0, True, rng, torch.empty(0, device=q.device), scale=scale, window_size_left=int(window) - 1,
-            window_size_right=0)
-        return tuple(g.contiguous() for g in grads[:3])  # no copy: FlashAttention allocates them contiguous
-    finally:
-        if deterministic:
-            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
-def _doc_attention_bwd_fake(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-
-
-doc_attention = torch.ops.speedrun.doc_attention.default
-doc_attention_fwd = torch.ops.speedrun.doc_attention_fwd.default
-doc_attention_bwd = torch.ops.speedrun.doc_attention_bwd.default
-
-
-class _DocAttention(torch.autograd.Function):
-    """doc_attention's autograd: doc_attention_fwd, and doc_attention_bwd for the gradients of q, k and v."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu, window, max_len, scale):
-        out, lse, rng = doc_attention_fwd(q, k, v, cu, window, max_len, scale)
-        ctx.save_for_backward(q, k, v, out, lse, rng, cu, window)
-        ctx.max_len, ctx.scale = max_len, scale
-        ctx.deterministic = torch.are_deterministic_algorithms_enabled()
-        ctx.mark_non_differentiable(lse, rng)
-        return out, lse, rng
-
-    @staticmethod
-    def backward(ctx, grad, *_):
-        dq, dk, dv = doc_attention_bwd(grad, *ctx.saved_tensors, ctx.max_len, ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
-
-
-def _doc_attention_autograd(q, k, v, cu, window, max_len, scale):
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _DocAttention.apply(q, k, v, cu, window, max_len, scale)
-    return doc_attention_fwd(q, k, v, cu, window, max_len, scale)
-
-
-_ATTENTION_LIB.impl("doc_attention", _doc_attention_autograd, "Autograd")
-_ATTENTION_LIB.impl("doc_attention", doc_attention_fwd, "CompositeExplicitAutograd")  # called below autograd
-_ATTENTION_LIB.impl("doc_attention_fwd", _doc_attention_flash, "CUDA")
-_ATTENTION_LIB.impl("doc_attention_bwd", _doc_attention_flash_bwd, "CUDA")
-for _name, _fake in (("doc_attention", _doc_attention_fake), ("doc_attention_fwd", _doc_attention_fake),
-                     ("doc_attention_bwd", _doc_attention_bwd_fake)):
-    torch.library.register_fake(f"speedrun::{_name}", _fake, lib=_ATTENTION_LIB)
-
-
-def flash_attend(q, k, v, seq, window, scale):
-    """q, k, v (T, H, D) -> (T, H, D) (CUDA): doc_attention over seq's documents, window in tokens. FlashAttention
-    takes bf16 (and fp16) only: fp32 parameters (--param-dtype float32) take the dense path."""
-    if q.dtype != torch.bfloat16:
-        return dense_attend(q, k, v, seq, window, scale)
-    return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
-
-
-def dense_attend(q, k, v, seq, window, scale):
-    """CPU path (and the tests' reference): SDPA with the same mask, dense: causal, same document, q - k < window."""
-    pos = torch.arange(seq.docs.numel(), device=seq.docs.device)
-    rel = pos[:, None] - pos[None, :]
-    mask = (rel >= 0) & (rel < window) & (seq.docs[:, None] == seq.docs[None, :])
-    y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       attn_mask=mask, scale=scale)
-    return y.transpose(0, 1)
-
-
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
@@ -749,9 +543,8 @@ def mlp_sublayer(x, w_fc, w_proj_t):
 
 
 def fused_mlp_sublayer(x, w_fc, w_proj_t):
-    """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16/fp16; --fused-mlp): the up-projection's matmul
-    computes the ReLU² in its epilogue, and in the backward multiplies by the ReLU²'s derivative in its epilogue,
-    so neither direction has an elementwise pass over the (T, mlp_dim) activation of its own."""
+    """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16; --fused-mlp): the ReLU² and its derivative in the
+    up-projection's matmul epilogues, no elementwise pass over the (T, mlp_dim) activation."""
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t)
 
 
@@ -807,14 +600,11 @@ def head_logits(x, lm_head, softcap):
 
 def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False, head8=None):
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
-    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device. ce: kernels.cross_entropy's
-    softcapped_cross_entropy (CUDA) or its _ref (CPU); fp8: the head and the loss through fp8_head_ce instead,
-    whose backward writes the e5m2 gradient with the row kernel and a transpose copy, multiplying the normed x's
-    e4m3 copy (made here: in the compiled step, by the final norm's kernel) and head8 = fp8_head_weights(lm_head,
-    FP8_W_S) (required with fp8: the caller's, made once per optimizer step). grad_in_fwd (CUDA): the head and the
-    loss through head_ce_grad_in_fwd / fp8_head_ce_grad_in_fwd, whose forward writes the logits' gradient for the
-    gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward). With weights (1.0,): the
-    mean next-token CE."""
+    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. ce:
+    softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
+    here, by the final norm's kernel in the compiled step) and head8 = fp8_head_weights(lm_head, FP8_W_S) (the
+    caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE forward kernel also writes the logits'
+    gradient, for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward)."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
@@ -833,74 +623,6 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
 
 # -----------------------------------------------------------------------------
 # The model: embeddings (eager) -> layers + head (one compiled region per micro-batch shape)
-
-
-@dataclass
-class MicroBatch:
-    """One sequence of documents and what the model needs of it (model_inputs makes what is None from ids)."""
-    ids: torch.Tensor  # (T,) int32 inputs
-    targets: torch.Tensor = None  # (T,) int64 (None: evaluation, no loss)
-    prep: object = None  # kernels.embedding.EmbeddingPrep for ids (None: prepared in the backward)
-    cu_seqlens: torch.Tensor = None  # (n_docs + 1,) int32 doc_cu_seqlens(ids) from the host (None: made here)
-    bigram: torch.Tensor = None  # (T,) int32 bigram_hash(ids) from the loader thread (None: hashed on the device)
-    bigram_prep: object = None  # EmbeddingPrep of bigram for the bigram table (None: prepared in the backward)
-    max_len: int = None  # no document is longer (FlashAttention's grid): the stage's max_doc_len; None: T
-    eager: torch.Tensor = None  # int32 buffer whose views are prep, bigram and bigram_prep (pack), or None
-
-    OWN = ("ids", "targets", "cu_seqlens")  # tensors with storages of their own (the compiled region's inputs)
-    ALIGN = 32  # int32 elements: each view of the packed buffer starts at a multiple of 128 bytes
-
-    def _parts(self):
-        """prep's three tensors, bigram and bigram_prep's three, those not None, in the order pack() writes them."""
-        return [*(self.prep[:3] if self.prep is not None else ()), *(() if self.bigram is None else (self.bigram,)),
-                *(self.bigram_prep[:3] if self.bigram_prep is not None else ())]
-
-    def _layout(self):
-        """The sizes that split a packed buffer into the parts (even entries) and the padding after each (odd
-        entries), so that every part starts at a multiple of ALIGN elements; and the buffer's length."""
-        sizes = []
-        for t in self._parts():
-            sizes += [t.numel(), -t.numel() % self.ALIGN]
-        return sizes, sum(sizes)
-
-    def _views(self, buf):
-        """prep, bigram and bigram_prep (those not None) as views of ``buf`` (one split: the host cost of to())."""
-        views = iter(buf.split_with_sizes(self._layout()[0])[::2])
-        out = {}
-        if self.prep is not None:
-            out["prep"] = self.prep._replace(order=next(views), sorted_ids=next(views), row_ptr=next(views))
-        if self.bigram is not None:
-            out["bigram"] = next(views)
-        if self.bigram_prep is not None:
-            out["bigram_prep"] = self.bigram_prep._replace(order=next(views), sorted_ids=next(views),
-                                                           row_ptr=next(views))
-        return out
-
-    def pack(self, pin=False):
-        """This micro-batch with prep, bigram and bigram_prep (int32 tensors only the eager lookups read) copied into
-        one buffer, whose views they become: to() moves it to the device with one copy instead of one per tensor.
-        ids, targets and cu_seqlens stay tensors of their own: they are the compiled region's inputs, whose guards
-        a view of a shared storage would change. pin: every tensor in pinned memory (for a non-blocking copy)."""
-        own = {k: getattr(self, k) for k in self.OWN if getattr(self, k) is not None}
-        own = {k: t.pin_memory() for k, t in own.items()} if pin else own
-        parts = self._parts()
-        if not parts:
-            return dataclasses.replace(self, **own)
-        buf = torch.empty(self._layout()[1], dtype=torch.int32, pin_memory=pin)
-        packed = dataclasses.replace(self, **own, **self._views(buf), eager=buf)
-        for dst, src in zip(packed._parts(), parts, strict=True):
-            dst.copy_(src)
-        return packed
-
-    def to(self, device):
-        """On ``device``, copied without blocking (from pinned memory: the copy overlaps the previous step)."""
-        if self.eager is None:
-            tensors = ("ids", "targets", "prep", "cu_seqlens", "bigram", "bigram_prep")
-            return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in tensors
-                                                if getattr(self, k) is not None})
-        own = {k: getattr(self, k).to(device, non_blocking=True) for k in self.OWN if getattr(self, k) is not None}
-        buf = self.eager.to(device, non_blocking=True)
-        return dataclasses.replace(self, **own, **self._views(buf), eager=buf)
 
 
 class AttnTables(NamedTuple):
@@ -938,22 +660,10 @@ def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
     return cache[key]
 
 
-def cpu_embedding(ids, weight, prep=None, acc=None):
-    """weight[ids] through torch's own embedding (the CPU path: its backward is a plain index_add, the math of
-    kernels.embedding without the Triton interpreter's cost at GPT-2's 50304 rows). It has no accumulate mode:
-    acc must be None (build_fns leaves ModelFns.embed_accs off on the CPU)."""
-    if acc is not None:
-        raise ValueError("cpu_embedding has no accumulate mode (acc): that is kernels.embedding.embedding's")
-    return F.embedding(ids, weight)
-
-
 def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None, accs=None):
-    """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None).
-
-    Eager, outside the compiled region: the lookups are gathers, and their deterministic backward kernels (one
-    per table) run after the compiled backward. lookup: kernels.embedding.embedding (CUDA) or cpu_embedding.
-    accs: training with ModelFns.embed_accs only, Optimizer.embedding_accs(): each lookup's backward adds its
-    table's gradient into these fp32 accumulators instead of giving the table a (dense) gradient."""
+    """(token embeddings e (T, C), [value embeddings (T, C)] per table, bigram embeddings (T, C) or None), eager.
+    lookup: kernels.embedding.embedding (CUDA) or cpu_embedding. accs (training with ModelFns.embed_accs:
+    Optimizer.embedding_accs()): each lookup's backward adds its table's gradient into these fp32 accumulators."""
     accs = accs or {}
     e = lookup(ids, params["embed"], prep=prep, acc=accs.get("embed"))
     ve_w = params["value_embeds"].view(hp.num_ve, hp.vocab_size, hp.model_dim)
@@ -1071,28 +781,14 @@ class ModelFns:
 def build_fns(hp, device, compile_model, attention="auto"):
     """The model functions on ``device``, and the log's lines saying which paths they take. attention: "auto"
     (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests). With compile_model (CUDA), train_step and
-    val_step are each one region (torch.compile fullgraph, one graph per micro-batch length; the number of
-    documents is a dynamic dimension): the layers and the head with its loss, so that a micro-step costs the host
-    a handful of calls and inductor fuses the residual updates, norms and gates across sublayers. Attention and
-    the head's FP8 matmuls and cross-entropy are custom ops inside it; the fused MLP's kernels (hp.fused_mlp, CUDA,
-    bf16 matrices) are traced into it as user-defined Triton kernels (kernels/mlp.py says why). The FP8 head is
-    chosen here, once: hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (val_step)."""
+    val_step are each one compiled region (the module docstring's Compilation). The FP8 head is chosen here, once:
+    hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (always in val_step)."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
     fp8 = hp.fp8_head and ok
     grad_in_fwd = hp.ce_grad_in_forward and device.type == "cuda"
-    if fp8:
-        head_path = f"fp8 ({why}); e5m2 gradient: {'CE forward' if grad_in_fwd else 'row'} kernel + transpose copy"
-    else:
-        head_path = f"{hp.param_dtype} ({'--no-fp8-head' if not hp.fp8_head else why})"
-    if device.type == "cuda":  # the CPU runs the CE reference
-        head_path += ("; CE gradient written by the forward kernel (--ce-grad-in-forward)" if grad_in_fwd else
-                      "; CE forward and backward kernels (--no-ce-grad-in-forward)")
     fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
-    mlp_path = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
-                + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
-                                                             f"not {device.type} {hp.param_dtype})"))
     layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
 
     def loss(x, w, t, wk, head8=None):
@@ -1112,19 +808,16 @@ def build_fns(hp, device, compile_model, attention="auto"):
         return val_loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, one)
 
     steps = [train_step, val_step]
-    compile_path = "not compiled"
+    options = None
     if compile_model:  # --cpp-wrapper: inductor options for the training step only (validation is not timed)
         options = cpp_wrapper_options() if hp.cpp_wrapper else None
-        compile_path = (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public rules)"
-                        if options else "none beyond fullgraph=True, dynamic=False (record #74's)")
         steps = [torch.compile(f, fullgraph=True, dynamic=False, options=o) for f, o in
                  ((train_step, options), (val_step, None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
-    embed_path = ("added into the optimizer's fp32 accumulators (--embed-grad-to-acc)" if embed_accs else
-                  "dense gradient, folded into the optimizer's fp32 accumulators ("
-                  + ("torch's embedding on the CPU)" if hp.embed_grad_to_acc else "--no-embed-grad-to-acc)"))
+    head_path, embed_path, mlp_path, compile_path = path_lines(hp, device, fp8, why, grad_in_fwd, fused_mlp, embed_accs,
+                                                               compile_model, options)
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path,
                     mlp_path=mlp_path, head_operands=head_operands, compile_path=compile_path)
 
@@ -1141,11 +834,9 @@ class ModelInputs(NamedTuple):
 
 
 def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, accs=None):
-    """The model's one entry: the ModelInputs of the micro-batch ``batch`` at windows (short, long) in blocks
-    (the region's parameters, the eager embedding lookups, the document boundaries, the attention tables),
-    for training, validation, evaluation and sampling alike. What the loader did not prepare (batch.prep,
-    bigram, cu_seqlens None) is made here from the ids. yarn_long: see attn_tables. accs: see embed_inputs
-    (the training step's, with fns.embed_accs; every other caller passes none)."""
+    """The model's one entry, for training, validation, evaluation and sampling alike: the ModelInputs of the
+    micro-batch ``batch`` at windows (short, long) in blocks; what the loader did not prepare (None) is made here
+    from the ids. yarn_long: see attn_tables. accs: see embed_inputs (the training step's only)."""
     ids = batch.ids
     tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
@@ -1157,10 +848,9 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
 
 
 def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None, head8=None):
-    """Loss of one micro-batch (a 0-d fp32 tensor). train: the training loss (train_step: the mean over rows of
-    the sum of the multi-token losses weighted by mtp, (K,) fp32 on the device; the FP8 head where chosen, with
-    head8 = fns.head_operands(params["lm_head"]) of the current head, or None to make it in the call), or the
-    validation loss (val_step: the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
+    """Loss of one micro-batch (a 0-d fp32 tensor): with train, train_step's (head_loss with the multi-token
+    weights mtp, (K,) fp32 on the device; head8: fns.head_operands of the current head, None: made here), else
+    val_step's (the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
     x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
     if train:
         assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
@@ -1171,28 +861,6 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 # -----------------------------------------------------------------------------
 # Optimizer: sharded NorMuon (banks) + fused AdamW (the rest), fp32 accumulation, reduce-scatter / all-gather
-
-
-class StepKernels(NamedTuple):
-    """The optimizer's kernels: ours on CUDA, their PyTorch references on the CPU (tests/test_<kernel>.py)."""
-    momentum: object  # nesterov_momentum(grad, buf, momentum) -> X bf16
-    polar: object  # polar_express(X, normalized=True)
-    normuon: object  # normuon_update(o, v2, master, lr_mul, param_out, lr=, beta2=, wd=)
-    adam: object  # fused_adamw_multi_step(params, grads, exp_avgs, exp_avg_sqs, masters, hparams)
-    transpose_add: object  # dst += src.T
-    transpose_copy: object  # dst = src.T
-    accumulate: object  # acc += fp32(grad), in place
-
-    @staticmethod
-    def on(device):
-        if device.type == "cuda":
-            return StepKernels(nesterov_momentum, polar_express, normuon_update, fused_adamw_multi_step,
-                               transpose_add, transpose_copy, accumulate_)
-
-        def normuon_cpu(o, v2, master, lr_mul, param_out, **kw):  # the kernel's contract: param_out in place
-            param_out.copy_(normuon_update_ref(o, v2, master, lr_mul, param_dtype=param_out.dtype, **kw))
-        return StepKernels(nesterov_momentum_ref, polar_express_ref, normuon_cpu, fused_adamw_multi_step_ref,
-                           transpose_add_ref, transpose_copy_ref, accumulate_ref)
 
 
 class Group:
@@ -1300,10 +968,8 @@ class Optimizer:
                 g.lr_mul = torch.where(idx % 2 == 1, hp.mlp_proj_lr_mul if g.spec.proj else 1.0, 1.0).float()
 
     def embedding_accs(self):
-        """Views of the embedding tables' fp32 accumulators, for embed_inputs' accs (hp.embed_grad_to_acc):
-        embed (V, C), value_embeds one (V, C) per table (rows of the stacked buffer), bigram_embed (rows, C); the
-        padding rows are left out. Made once and reused every micro-step (no view ops on the hot path): the
-        accumulators are only ever changed in place (folds, zero_, load_state_dict's copy_)."""
+        """Views of the embedding tables' fp32 accumulators (padding rows left out), for embed_inputs' accs: made
+        once (no view ops on the hot path), as the accumulators are only ever changed in place."""
         if self._embedding_accs is None:
             hp, g = self.hp, self.groups
             ve = g["value_embeds"]
@@ -1473,7 +1139,7 @@ class Optimizer:
 # Data: BOS-aligned training micro-batches (background thread); validation: Trainer.validate
 
 
-class TrainLoader:
+class TrainLoader(BackgroundLoader):
     """Deterministic stream of global batches; rank r keeps slots r, r+W, ... of each.
 
     A slot of T tokens is filled with whole documents from consecutive BOS positions, each cut to the stage's
@@ -1481,23 +1147,14 @@ class TrainLoader:
     resumed: the next slot starts at the next BOS. When a shard cannot fill a whole global batch the stream moves
     to the next shard (cycling through the files). State = {shard index, BOS index, epoch, step}: where the next
     batch starts and the step it is for (the schedule's micro-batch length and max_doc_len).
-    A background thread prepares the next step's batch (pinned tensors + embedding prep).
+    The background thread (BackgroundLoader) prepares the next step's batch (pinned tensors + embedding prep).
     """
 
     def __init__(self, hp, files, d, micro_tokens_at):
-        self.hp, self.files, self.d = hp, files, d
+        super().__init__(files, hp.bos_id, d.device)
+        self.hp, self.d = hp, d
         self.micro_tokens_at = micro_tokens_at  # step -> T
-        self._cache = {}
-        self._q = queue.Queue(maxsize=1)
-        self._thread = None
         self.rewind(0)
-
-    def _shard(self, i):
-        """(tokens memmap, BOS positions) of shard i; keeps only the shard in use (called by the worker only)."""
-        if i not in self._cache:
-            tokens = load_shard(self.files[i], mmap=True)
-            self._cache = {i: (tokens, np.flatnonzero(np.asarray(tokens) == self.hp.bos_id))}
-        return self._cache[i]
 
     def _plan(self, state, T, max_doc_len):
         """Slot spans [(start, end), ...] per slot for the global batch at `state`; returns (spans, new state)."""
@@ -1545,39 +1202,6 @@ class TrainLoader:
                 mb.bigram_prep = prepare_ids(mb.bigram, self.hp.bigram_vocab_size)
             micro.append(mb.pack(pin=self.d.device.type == "cuda"))
         return micro, new_state
-
-    def _worker(self, state):
-        try:
-            self._q.put(self._build(state))
-        except BaseException as e:  # surfaced in the main thread by next()
-            self._q.put(e)
-
-    def _start(self, state):
-        self._thread = threading.Thread(target=self._worker, args=(state,), daemon=True)
-        self._thread.start()
-
-    def next(self):
-        """This rank's micro-batches for the next step, moved to the device (non-blocking)."""
-        if self._thread is None:
-            self._start(self.state)
-        item = self._q.get()
-        self._thread.join()
-        if isinstance(item, BaseException):
-            raise item
-        micro, self.state = item
-        self._start(self.state)  # prepare the following step while this one trains
-        return [mb.to(self.d.device) for mb in micro]
-
-    def close(self):
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            while not self._q.empty():
-                self._q.get()
-
-    def load_state(self, state):
-        self.close()
-        self.state = dict(state)
 
     def rewind(self, step):
         """Back to the first document of the first shard, with the schedule at ``step`` (the warmup and the
@@ -1726,15 +1350,9 @@ def train(hp, args, d):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
     run_failed:, Ctrl-C with run_interrupted: (cli.Interrupted). Returns (log path, checkpoint folder)."""
-    hp = smoke_corpus(hp, args, d)
-    train_files, val_files = resolve_files(hp)
-    hp = fit_to_data(hp, train_files, val_files, bos_id=args.bos_id)
-    continues = check_resume(hp, args.resume, d) if args.resume else None
-    run_id = args.run_id or new_run_id(d)
-    log = open_log(hp, args, d, train_files, val_files, run_id, continues)
-    ckpt_dir = Path(args.checkpoint_dir) / run_id
+    hp, train_files, val_files, log, ckpt_dir = open_run(hp, args, d)
     step = None  # the step the timed loop is at (None before it)
-    try:
+    with run_outcome(log, args, ckpt_dir, hp.total_steps, lambda: step):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
@@ -1811,14 +1429,6 @@ def train(hp, args, d):
         tokens = sum(stage_at(hp, s)[1].batch_tokens for s in range(start_step, T))
         log_summary(log, d, tokens, clock.ms, stage_ms, weights)
         compiling.log_recompiles()
-    except KeyboardInterrupt:  # Ctrl-C (SIGINT): say where the run can resume from
-        message = interrupted_message(step, hp.total_steps, last_checkpoint(ckpt_dir, args.resume), args)
-        log(f"run_interrupted: {message}", console=False)
-        raise Interrupted(message) from None
-    except BaseException as e:
-        reason = (str(e).strip().splitlines() or [""])[0]
-        log(f"run_failed: {type(e).__name__}" + (f": {reason}" if reason else ""), console=False)
-        raise
     return log.path, ckpt_dir
 
 

@@ -7,8 +7,12 @@
   and an autograd-aware lookup.
 - ``kernels.adam``: fused AdamW with fp32 master weights.
 - ``kernels.accumulate``: ``accumulate_``, a gradient added into its fp32 accumulator (acc += fp32(grad)).
+- ``kernels.attention``: document attention, a custom op around torch's FlashAttention (varlen) kernels (no
+  Triton kernel of ours), and its dense reference.
 - ``kernels.mlp``: the MLP's up-projection with ReLU² in the matmul's epilogue (forward and backward).
 - ``kernels.cross_entropy``: fused soft-capped multi-token cross entropy (LM-head loss) and its backward.
+- ``kernels.dispatch``: ``StepKernels``, the optimizer's kernels by device (ours on CUDA, their references on the
+  CPU).
 - ``kernels.hardware``: measured GPU ceilings (bandwidth, bf16 matmul) and ``git_sha()``, shared by ``run_log.py``
   (the log's header and MFU line) and the benchmark driver (its roofline and CSV); ``keep_freed_memory()`` for the
   trainer's CPU runs; ``sm_count()`` for the persistent launchers.

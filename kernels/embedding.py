@@ -68,7 +68,7 @@ ship it with the batch. Without a prep, ``embedding_backward`` prepares on the i
 host synchronisation to validate the id range (``.item()``).
 
 Used by train_gpt.py through :func:`embedding`: on the GPU the lookups run eagerly before the compiled region,
-and their backward after its backward (on the CPU the trainer uses torch's own embedding). The forward is a plain
+and their backward after its backward (on the CPU the trainer uses torch's own embedding, :func:`cpu_embedding`). The forward is a plain
 gather. Eagerly, :func:`embedding` is a ``torch.autograd.Function`` that calls the forward gather and the
 launchers directly; under ``torch.compile`` it traces the custom ops ``speedrun::embedding_fwd``,
 ``speedrun::embedding_bwd`` and ``speedrun::embedding_bwd_accumulate`` instead (``fullgraph=True``). Both paths
@@ -645,3 +645,11 @@ def embedding(ids, weight, prep=None, acc=None):
     if prep is None:
         return _embedding_fwd_op(ids, weight, None, None, None, acc)
     return _embedding_fwd_op(ids, weight, prep.order, prep.sorted_ids, prep.row_ptr, acc)
+
+
+def cpu_embedding(ids, weight, prep=None, acc=None):
+    """weight[ids] through torch's embedding (the trainer's CPU path: this module's math without the Triton
+    interpreter's cost at 50304 rows); no accumulate mode (build_fns leaves ModelFns.embed_accs off on the CPU)."""
+    if acc is not None:
+        raise ValueError("cpu_embedding has no accumulate mode (acc): that is kernels.embedding.embedding's")
+    return F.embedding(ids, weight)

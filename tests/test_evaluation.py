@@ -12,6 +12,7 @@ import torch
 
 import evaluation as ev
 import train_gpt as tg
+from distributed import Dist
 from data.hellaswag import HellaSwagError
 from test_hellaswag import NUMBERS, NumberEncoding
 
@@ -108,10 +109,10 @@ def test_rank_split_and_counts(crafted, tmp_path, monkeypatch):
     hp = dataclasses.replace(hp, hellaswag_file=str(f))
     reduced = []
     monkeypatch.setattr(tg.dist, "all_reduce", lambda t: reduced.append(t.clone()))
-    one = ev.HellaSwag(hp, tg.Dist(), tg.BLOCK, NumberEncoding()).evaluate(model)
+    one = ev.HellaSwag(hp, Dist(), tg.BLOCK, NumberEncoding()).evaluate(model)
     assert one == {"acc": 6 / 9, "acc_norm": 1.0, "examples": 9}  # acc misses example 2 (sum vs mean)
     for r in range(2):
-        h = ev.HellaSwag(hp, tg.Dist(rank=r, world=2), tg.BLOCK, NumberEncoding())
+        h = ev.HellaSwag(hp, Dist(rank=r, world=2), tg.BLOCK, NumberEncoding())
         assert h.labels.tolist() == [lab for _, _, lab in (CRAFTED * 3)[r::2]]
         h.evaluate(model)
     assert (reduced[0] + reduced[1]).tolist() == [9, 6, 9]
@@ -121,10 +122,10 @@ def test_tokens_beyond_the_vocabulary_are_refused(tmp_path):
     """GPT-2 text on the smoke model (512 ids): refused with a message, never an index error."""
     hp = tg.smoke_hyperparameters(hellaswag_file=str(NUMBERS))
     (tmp_path / "n.jsonl").write_text(NUMBERS.read_text().replace('"17 25', '"512 25'))
-    ev.HellaSwag(hp, tg.Dist(), tg.BLOCK, NumberEncoding())  # ids up to 510: accepted
+    ev.HellaSwag(hp, Dist(), tg.BLOCK, NumberEncoding())  # ids up to 510: accepted
     hp = tg.smoke_hyperparameters(hellaswag_file=str(tmp_path / "n.jsonl"))
     with pytest.raises(HellaSwagError, match="tokens reach id 512, beyond the model's vocabulary of 512 ids"):
-        ev.HellaSwag(hp, tg.Dist(), tg.BLOCK, NumberEncoding())
+        ev.HellaSwag(hp, Dist(), tg.BLOCK, NumberEncoding())
 
 
 def test_real_vocab():

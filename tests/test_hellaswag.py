@@ -24,6 +24,7 @@ import torch
 import evaluation as ev
 import run_log
 import train_gpt as tg
+from distributed import Dist
 from data import hellaswag as hs
 # the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
 from test_train_gpt import TWO_LAYER_FLAGS, _make_shard
@@ -344,7 +345,7 @@ def test_hellaswag_checkpoint_matches_one_candidate_at_a_time(smoke_run, number_
     _, ckpt = smoke_run
     res = tg.main(["--hellaswag", str(ckpt), "--hellaswag-file", str(NUMBERS), "--hellaswag-limit", "8"])
     dev = torch.device(device)
-    sums, counts, labels = _reference_scores(*tg.load_model(ckpt, tg.Dist(device=dev)), dev)
+    sums, counts, labels = _reference_scores(*tg.load_model(ckpt, Dist(device=dev)), dev)
     right, right_norm = (sums.argmax(1) == labels).sum(), ((sums / counts).argmax(1) == labels).sum()
     assert res["examples"] == 8 and (res["acc"], res["acc_norm"]) == (right / 8, right_norm / 8)
     line = f"hellaswag acc: {right / 8:.4f} acc_norm: {right_norm / 8:.4f} (8 examples)"
@@ -368,11 +369,11 @@ def test_packed_scores_match_one_candidate_at_a_time(smoke_run, device):
     differ by up to ~4 nats; a wrong row or target moves a sum by tenths of a nat or more)."""
     _, ckpt = smoke_run
     dev = torch.device(device)
-    hp, params, fns = tg.load_model(ckpt, tg.Dist(device=dev))
+    hp, params, fns = tg.load_model(ckpt, Dist(device=dev))
     hp = tg.dataclasses.replace(hp, param_dtype="float32", hellaswag_file=str(NUMBERS))
     params = {k: v.float() for k, v in params.items()}
     ref_s, ref_c, _ = _reference_scores(hp, params, fns, dev)
-    h = ev.HellaSwag(hp, tg.Dist(device=dev), tg.BLOCK, NumberEncoding())
+    h = ev.HellaSwag(hp, Dist(device=dev), tg.BLOCK, NumberEncoding())
     assert len(h.packs) == 1
     total, count = ev.hellaswag_scores(tg.model_logits(hp, params, fns, {}), h.packs, 8, dev)
     np.testing.assert_allclose(total.cpu().numpy(), ref_s, rtol=0, atol=1e-3)
@@ -402,7 +403,7 @@ def test_sampling_seed_temperature_top_k(smoke_run, number_tokenizer, capsys):
 def test_sequence_logits_padding_and_prefix(smoke_run):
     """Right padding is harmless: the logits of a prefix equal the first rows of the longer sequence's."""
     _, ckpt = smoke_run
-    hp, params, fns = tg.load_model(ckpt, tg.Dist())
+    hp, params, fns = tg.load_model(ckpt, Dist())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 511, (150,), generator=g, dtype=torch.int32)
     ids[0] = ids[90] = hp.bos_id

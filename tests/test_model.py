@@ -14,10 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_cross_entropy import _scaled_mm_works
 from tolerances import assert_close_report, assert_matches_torch
 
 import cli
 import train_gpt as tg
+from distributed import Dist
 from kernels.cross_entropy import fp8_head_ce_bwd, softcapped_cross_entropy_bwd_e5m2
 
 HAS_CUDA = torch.cuda.is_available()
@@ -115,13 +117,13 @@ def test_loader_hashes_bigrams_of_its_ids(tmp_path):
     docs = [np.concatenate([[511], rng.integers(0, 511, size=int(rng.integers(20, 200)))]) for _ in range(120)]
     write_shard(tmp_path / "t_000001.bin", np.concatenate(docs).astype(np.uint16))
     hp = tg.smoke_hyperparameters()
-    loader = tg.TrainLoader(hp, [tmp_path / "t_000001.bin"], tg.Dist(), lambda s: 128)
+    loader = tg.TrainLoader(hp, [tmp_path / "t_000001.bin"], Dist(), lambda s: 128)
     mbs = loader.next()
     loader.close()
     for mb in mbs:
         assert mb.bigram.tolist() == spec_hash(mb.ids.tolist(), hp.bigram_vocab_size, hp.bos_id)
         assert torch.equal(mb.bigram_prep.sorted_ids, torch.sort(mb.bigram).values)
-    off = tg.TrainLoader(dataclasses.replace(hp, bigram=False), [tmp_path / "t_000001.bin"], tg.Dist(), lambda s: 128)
+    off = tg.TrainLoader(dataclasses.replace(hp, bigram=False), [tmp_path / "t_000001.bin"], Dist(), lambda s: 128)
     mb = off.next()[0]
     off.close()
     assert mb.bigram is None and mb.bigram_prep is None
@@ -683,16 +685,6 @@ def test_fp8_head_falls_back_to_the_same_math_on_cpu():
     assert_close_report(la, e, atol=128 * 2 ** -24 * e.abs().item(), name="fallback loss")
 
 
-def _scaled_mm_works(device):
-    try:
-        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
-        one = torch.ones((), device=device)
-        torch._scaled_mm(a, a.T.contiguous().T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
 SOFTCAP3 = (23.0, 5.0, 7.5)  # (A, B, C): logits -> A sigmoid((logits + B) / C), as train_gpt.py
 E4M3_U, E4M3_SUB = 2.0 ** -4, 2.0 ** -10  # e4m3: 3 mantissa bits (half-ulp 2^-4 relative); subnormal step 2^-9
 
@@ -878,7 +870,7 @@ def test_disable_flag_parses_and_trains(feature, device):
     fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
     mb = tg.MicroBatch(ids.to(device), targets.to(device), tg.prepare_ids(ids, hp.vocab_size).to(device))
     mtp = torch.tensor(tg.mtp_weights_at(hp, 0), device=device)
-    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+    opt = tg.Optimizer(hp, params, Dist(device=torch.device(device)))
     losses = []
     for step in range(2):
         loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp)

@@ -24,6 +24,7 @@ import checkpoints
 import cli
 import run_log
 import train_gpt as tg
+from distributed import Dist
 from data.shards import shard_files, write_shard
 from test_train_gpt import _flags, _make_shard, _smoke_argv
 
@@ -50,7 +51,7 @@ def _run_hp(data, *flags):
 def ckpt(data, tmp_path_factory):
     """A complete checkpoint (step 1, save_checkpoint of the initial model) of the run _smoke_argv(data, ...)
     would start."""
-    hp, d = _run_hp(data), tg.Dist()
+    hp, d = _run_hp(data), Dist()
     params = tg.init_params(hp, torch.device("cpu"), hp.seed)
     return checkpoints.save_checkpoint(tmp_path_factory.mktemp("rel_ckpt") / "run", 1, params,
                                        tg.Optimizer(hp, params, d), {"step": 1}, 0.0, d, hp)
@@ -79,7 +80,7 @@ def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(
     shutil.copytree(ckpt, run / ckpt.name)
     hp = _run_hp(data)
     params = tg.init_params(hp, torch.device("cpu"), 0)
-    opt = tg.Optimizer(hp, params, tg.Dist())
+    opt = tg.Optimizer(hp, params, Dist())
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: writes half of rank0.pt, says so, and waits to be killed
@@ -96,7 +97,7 @@ def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(
                 time.sleep(60)
 
             torch.save = half_save
-            checkpoints.save_checkpoint(run, 2, params, opt, {"step": 2}, 0.0, tg.Dist(), hp)
+            checkpoints.save_checkpoint(run, 2, params, opt, {"step": 2}, 0.0, Dist(), hp)
         finally:
             os._exit(1)
     os.close(w)
@@ -114,7 +115,7 @@ def test_kill_9_inside_a_save_leaves_no_checkpoint_and_load_refuses_the_remains(
     out = tmp_path / "resumed"
     assert "is an unfinished checkpoint" in _exit_2(_smoke_argv(data, out, "r", "--resume", str(tmp)), capsys)
     assert not out.exists(), "a refused resume must not open a log"
-    tg.load_model(run / "step_000001", tg.Dist())
+    tg.load_model(run / "step_000001", Dist())
 
 
 def test_damaged_checkpoint_file_is_one_line_naming_it(data, ckpt, tmp_path, capsys):
@@ -192,7 +193,7 @@ def test_unfinished_saves_of_stopped_runs_are_removed_or_named_never_a_live_runs
 
 def test_keep_last_keeps_the_newest_checkpoints(data, tmp_path):
     """--keep-last N: after each save, the run's folder holds its newest N checkpoints (0: all)."""
-    hp, d = _run_hp(data), tg.Dist()
+    hp, d = _run_hp(data), Dist()
     params = tg.init_params(hp, torch.device("cpu"), hp.seed)
     opt = tg.Optimizer(hp, params, d)
     for keep, left in ((2, ["step_000008", "step_000010"]), (0, [f"step_{s:06d}" for s in (2, 4, 6, 8, 10)]),
@@ -420,18 +421,18 @@ def test_resume_with_other_settings_is_refused_naming_the_first_field(data, ckpt
 
 
 def test_resume_checks_world_size_and_allows_only_what_does_not_change_the_run(data, ckpt, tmp_path):
-    checkpoints.check_resume(_run_hp(data, "--val-every", "1", "--save-every", "2", "--no-train-loss"), ckpt, tg.Dist())
+    checkpoints.check_resume(_run_hp(data, "--val-every", "1", "--save-every", "2", "--no-train-loss"), ckpt, Dist())
     with pytest.raises(checkpoints.CheckpointError, match="the stage table \\(STAGES\\) differs from the checkpoint's"):
-        checkpoints.check_resume(tg.dataclasses.replace(_run_hp(data), stages=tg.STAGES), ckpt, tg.Dist())
+        checkpoints.check_resume(tg.dataclasses.replace(_run_hp(data), stages=tg.STAGES), ckpt, Dist())
     state = torch.load(ckpt / "rank0.pt", weights_only=False)
     folder = tmp_path / "step_000001"
     folder.mkdir()
     torch.save({**state, "world_size": 2}, folder / "rank0.pt")
     with pytest.raises(checkpoints.CheckpointError, match="checkpoint written by 2 ranks, this run has 1"):
-        checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
+        checkpoints.check_resume(_run_hp(data), folder, Dist())
     missing = f"no checkpoint at {folder} (expected {folder / 'rank1.pt'})"
     with pytest.raises(checkpoints.CheckpointError, match=re.escape(missing)):
-        checkpoints.check_resume(_run_hp(data), folder, tg.Dist(rank=0, world=2))
+        checkpoints.check_resume(_run_hp(data), folder, Dist(rank=0, world=2))
 
 
 @pytest.mark.parametrize("extra, refused", [({"ce_fused_transpose": False}, False), ({"ce_fused_transpose": True}, False),
@@ -446,9 +447,9 @@ def test_resume_ignores_retired_settings_only(data, ckpt, tmp_path, extra, refus
     if refused:
         with pytest.raises(checkpoints.CheckpointError,
                            match="--made-up-setting is 1 in the checkpoint, None in this run"):
-            checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
+            checkpoints.check_resume(_run_hp(data), folder, Dist())
     else:
-        checkpoints.check_resume(_run_hp(data), folder, tg.Dist())
+        checkpoints.check_resume(_run_hp(data), folder, Dist())
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 
 import run_log
 import train_gpt as tg  # noqa: F401  (imports what a training run imports)
+from distributed import Dist
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def test_logged_sources_are_the_imported_project_modules():
 def test_header_names_versions_corpus_and_hyperparameters(tmp_path):
     val = tmp_path / "v.bin"
     val.write_bytes(b"x" * 100)
-    lines = run_log.header_lines(tg.smoke_hyperparameters(), tg.Dist(), [tmp_path / "t.bin"], [val])
+    lines = run_log.header_lines(tg.smoke_hyperparameters(), Dist(), [tmp_path / "t.bin"], [val])
     keys = [line.split(": ", 1)[0] for line in lines[:9]]
     assert keys == ["git_sha", "python", "torch", "triton", "cuda", "gpu", "world_size", "corpus", "hyperparameters"]
     assert lines[5] == "gpu: cpu x 1" or torch.cuda.is_available()
@@ -43,13 +44,13 @@ def test_header_names_versions_corpus_and_hyperparameters(tmp_path):
 
 def test_footer_tokens_per_second_and_stage_means():
     lines = []
-    run_log.log_summary(lines.append, tg.Dist(world=2), tokens=4000, train_ms=2000.0,
+    run_log.log_summary(lines.append, Dist(world=2), tokens=4000, train_ms=2000.0,
                         stage_ms={1: [30.0, 50.0], 0: [10.0]}, matmul_weights=10**8)
     assert lines[0] == "tokens_per_s_per_gpu: 1000"  # 4000 tokens over 2 s on 2 ranks
     assert lines[1] == "mfu: n/a (no peak FLOP/s figure for this device)"  # a CPU Dist
     assert lines[-1] == "stage_step_avg: stage0:10.00ms stage1:40.00ms"
     lines.clear()
-    run_log.log_summary(lines.append, tg.Dist(), tokens=0, train_ms=0.0, stage_ms={}, matmul_weights=1)
+    run_log.log_summary(lines.append, Dist(), tokens=0, train_ms=0.0, stage_ms={}, matmul_weights=1)
     assert lines[0] == "tokens_per_s_per_gpu: 0", "a resumed run with no step left"
 
 

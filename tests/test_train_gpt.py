@@ -30,9 +30,11 @@ import checkpoints
 import cli
 import run_log
 import train_gpt as tg
+from distributed import Dist
 from data.shards import load_shard, shard_files, write_shard
 from flags import field_comments
 from kernels._checks import interpreting
+from kernels.attention import doc_attention, doc_attention_bwd, doc_attention_fwd
 from kernels.cross_entropy import Fp8Weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,7 +367,7 @@ def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_dat
     monkeypatch.setattr(tg, "fp8_head_support", lambda device: (True, "forced on for this test"))
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), param_dtype="bfloat16")
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files), shard_files(hp.val_files))
+    tr = tg.Trainer(hp, Dist(device=torch.device("cpu")), shard_files(hp.train_files), shard_files(hp.val_files))
     assert tr.fns.head_path.startswith("fp8")
     made, seen = [], []
     real_weights = tg.fp8_head_weights
@@ -404,7 +406,7 @@ def test_trainer_reset_restores_initial_state(smoke_data, device):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
     files = shard_files(hp.train_files)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, shard_files(hp.val_files))
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), files, shard_files(hp.val_files))
     tr.train_step(0, want_loss=False)
     tr.opt.untie()
     assert not torch.equal(tr.params["attn_bank"], tr.initial["attn_bank"])
@@ -431,7 +433,7 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2, **TWO_LAYERS)
     assert not tg.slow_adam_step(hp, tg.stage_bounds(hp)[-1][0]), "the last stage must start on a fast step"
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
     updates = []
     real_adam = tr.opt._adam
@@ -497,7 +499,7 @@ def clock_journal(monkeypatch, hp):
         loss.register_hook(lambda g: FakeEvent.journal.append(("backward", None)))
         return loss
     monkeypatch.setattr(tg, "forward", forward)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device("cpu")), shard_files(hp.train_files),
+    tr = tg.Trainer(hp, Dist(device=torch.device("cpu")), shard_files(hp.train_files),
                     shard_files(hp.val_files))
     return tr, FakeEvent
 
@@ -601,7 +603,7 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), embed_grad_to_acc=accumulate,
                                   ve_tables=(0, 1, -1, 0))  # two value-embedding tables: each its own rows
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
     if accumulate and device != "cuda":
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=True)
@@ -698,7 +700,7 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     runs = []
     for halves in (2, 1):
         params = _perturbed_params(hp, seed=3, device=device)
-        opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+        opt = tg.Optimizer(hp, params, Dist(device=torch.device(device)))
         n = 2 * T // halves
         for h in range(halves):
             sl = slice(h * n, (h + 1) * n)
@@ -792,7 +794,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     by far more (the value tables decay by 0.9% per step)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=1)
     params = _perturbed_params(hp, seed=21, device=device)
-    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+    opt = tg.Optimizer(hp, params, Dist(device=torch.device(device)))
     opt.untie()  # embed and lm_head step separately (tied, the head would take the embedding's gradient)
     untied = tg.step_plan(hp, 0)._replace(tied=False)
     gen = torch.Generator().manual_seed(22)
@@ -836,7 +838,7 @@ def test_slow_adam_schedule():
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
             "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
     smoke = tg.smoke_hyperparameters()
-    groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), tg.Dist()).groups
+    groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), Dist()).groups
     assert {n for n, g in groups.items() if g.slow} == adam
     assert {n for n, g in groups.items() if g.muon} == {"attn_bank", "mlp_bank"}
 
@@ -878,7 +880,7 @@ def test_slow_adam_groups_step_on_the_summed_gradient(untie, device, monkeypatch
     attn_gate, set so for the test)."""
     monkeypatch.setitem(tg.PARAMS, "attn_gate", dataclasses.replace(tg.PARAMS["attn_gate"], slow=False))
     hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=2)
-    dev = tg.Dist(device=torch.device(device))
+    dev = Dist(device=torch.device(device))
     gen = torch.Generator().manual_seed(11)
     pa = _perturbed_params(hp, seed=3, device=device)
     pb = _perturbed_params(hp, seed=3, device=device)
@@ -927,7 +929,7 @@ def test_world_size_1_updates_the_parameters_in_place(device):
     stays behind), a state_dict round trip (which must leave the parameters alone), the untie and untied steps;
     after each step every parameter written in place but the tied embedding holds its master rounded."""
     hp = tg.smoke_hyperparameters(adam_every=2)  # bf16 matrices with fp32 masters, fp32 scalars and gates
-    dev = tg.Dist(device=torch.device(device))
+    dev = Dist(device=torch.device(device))
     pa, pb = _perturbed_params(hp, seed=5, device=device), _perturbed_params(hp, seed=5, device=device)
     a, b = tg.Optimizer(hp, pa, dev), tg.Optimizer(hp, pb, dev)
     for g in b.groups.values():
@@ -969,7 +971,7 @@ def test_embedding_accs_stay_the_accumulators(device):
     an accumulator replaced by a new tensor would leave the lookups adding into a stale buffer."""
     hp = tg.smoke_hyperparameters(vocab_size=512, bos_id=511, ve_tables=(0, 1, -1, 0), adam_every=2)
     params = tg.init_params(hp, torch.device(device), seed=0)
-    opt = tg.Optimizer(hp, params, tg.Dist(device=torch.device(device)))
+    opt = tg.Optimizer(hp, params, Dist(device=torch.device(device)))
     accs = opt.embedding_accs()
 
     def check(when):
@@ -1030,7 +1032,7 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
 
     trainers = []
     for on in (False, True):
-        tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), tg.Dist(device=torch.device(device)),
+        tr = tg.Trainer(dataclasses.replace(hp, embed_grad_to_acc=on), Dist(device=torch.device(device)),
                         shard_files(hp.train_files), shard_files(hp.val_files))
         assert tr.fns.embed_accs == (on and device == "cuda")
         assert tr.fns.embed_path.startswith("added into" if on and device == "cuda" else "dense gradient")
@@ -1078,7 +1080,7 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     optimizer loaded from it (through save_checkpoint / load_checkpoint) ends the next step bitwise equal to
     the uninterrupted one; without the pending gradients the slow groups would differ."""
     hp = tg.smoke_hyperparameters(adam_every=2)
-    dev = tg.Dist(device=torch.device(device))
+    dev = Dist(device=torch.device(device))
     gen = torch.Generator().manual_seed(5)
     pa = _perturbed_params(hp, seed=3, device=device)
     grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
@@ -1199,7 +1201,7 @@ def test_loader_document_boundaries_follow_its_documents(smoke_data):
     is longer than max_doc_len (the bound the FlashAttention grid uses)."""
     hp = tg.smoke_hyperparameters()
     files = shard_files(smoke_data / "smoke_train_*.bin")
-    ld = tg.TrainLoader(hp, files, tg.Dist(), lambda s: 256)
+    ld = tg.TrainLoader(hp, files, Dist(), lambda s: 256)
     for step in range(hp.total_steps):  # both document cuts of the smoke stages (96, then 192 tokens)
         for mb in ld.next():
             assert int(mb.ids[0]) == hp.bos_id
@@ -1366,7 +1368,7 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
         return dense_grads(grad, q, k, v, int(window_), scale_)
 
     def attention(q, k, v):
-        return tg.doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
+        return doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
 
     y_ref = tg.dense_attend(*qkv, tg.DocSeq(cu, docs, max_len), window, scale)
     g_ref = dense_grads(dy, *qkv, window, scale)
@@ -1411,10 +1413,10 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
         # What the compiled step runs per call: the op object's __call__, then the kernel, nothing else.
         args = (*qkv, cu, torch.tensor(window), max_len, scale)
         with torch.no_grad():
-            fwd_out = tg.doc_attention_fwd(*args)
-            names = _python_calls(dense_fwd, tg.doc_attention_fwd, *args)
+            fwd_out = doc_attention_fwd(*args)
+            names = _python_calls(dense_fwd, doc_attention_fwd, *args)
             assert names == ["__call__", "dense_fwd"], names
-            names = _python_calls(dense_bwd, tg.doc_attention_bwd, dy, *qkv, *fwd_out, cu, torch.tensor(window),
+            names = _python_calls(dense_bwd, doc_attention_bwd, dy, *qkv, *fwd_out, cu, torch.tensor(window),
                                   max_len, scale, False)
             assert names == ["__call__", "dense_bwd"], names
     finally:
@@ -1468,7 +1470,7 @@ def test_micro_batch_pack_moves_the_eager_tensors_in_one_copy(smoke_data):
     for a, b in zip(eager_of(back), eager, strict=True):
         assert torch.equal(a, b)
     hp = tg.smoke_hyperparameters()
-    ld = tg.TrainLoader(hp, shard_files(smoke_data / "smoke_train_*.bin"), tg.Dist(), lambda s: 256)
+    ld = tg.TrainLoader(hp, shard_files(smoke_data / "smoke_train_*.bin"), Dist(), lambda s: 256)
     for m in ld.next():
         assert all(t.untyped_storage().data_ptr() == m.eager.untyped_storage().data_ptr() for t in eager_of(m))
     ld.close()
@@ -1481,7 +1483,7 @@ def test_loader_rank_split_matches_single_rank(smoke_data):
     out = {}
     for world in (1, 2):
         for rank in range(world):
-            ld = tg.TrainLoader(hp, files, tg.Dist(rank=rank, world=world), lambda s: T)
+            ld = tg.TrainLoader(hp, files, Dist(rank=rank, world=world), lambda s: T)
             out[(world, rank)] = [ld.next() for _ in range(2)]
             ld.close()
     for step in range(2):
@@ -1592,7 +1594,7 @@ def test_first_run_without_shards_trains_on_the_repositorys_text(tmp_path, monke
     first, last = float(vals[0]), float(vals[10])
     assert abs(first - math.log(384)) < 0.5, first
     assert last < first - 1.0, (first, last)
-    hp = cli.smoke_corpus(tg.smoke_hyperparameters(), _flags(["--smoke"])[0], tg.Dist())
+    hp = cli.smoke_corpus(tg.smoke_hyperparameters(), _flags(["--smoke"])[0], Dist())
     assert capsys.readouterr().out == said.format("read from")
     assert (hp.train_files, hp.val_files) == ("data/smoke/smoke_train_*.bin", "data/smoke/smoke_val_*.bin")
 
@@ -1689,7 +1691,7 @@ def test_smoke_fits_gpt2_shards(tmp_path, monkeypatch, device):
     files, val_files = shard_files(train), shard_files(val)
     hp = cli.fit_to_data(tg.smoke_hyperparameters(train_files=train, val_files=val), files, val_files)
     assert (hp.vocab_size, hp.bos_id) == (50304, 50256)
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), files, val_files)
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), files, val_files)
     mb = tr.loader.next()[0]
     tr.loader.close()
     assert int(mb.ids.max()) > 511 and int(mb.ids[0]) == 50256
@@ -1719,7 +1721,7 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
 def test_resume_with_another_world_size_is_rejected(smoke_run):
     _, _, ckpt_dir = smoke_run
     with pytest.raises(checkpoints.CheckpointError, match="written by 1 ranks, this run has 2"):
-        checkpoints.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", tg.Dist(rank=0, world=2))
+        checkpoints.check_resume(tg.smoke_hyperparameters(), ckpt_dir / "step_000005", Dist(rank=0, world=2))
 
 
 @on_smoke_run
@@ -1745,7 +1747,7 @@ def test_sample_continues_the_learned_rule(smoke_run, monkeypatch, capsys):
     ids = [int(t) for t in text.split()]
     assert ids[:3] == [100, 108, 116] and len(ids) == 8
     assert text in capsys.readouterr().out
-    hp, params, fns = tg.load_model(ckpt_dir / "step_000010", tg.Dist())
+    hp, params, fns = tg.load_model(ckpt_dir / "step_000010", Dist())
     with torch.no_grad():
         for n in range(3, 8):
             seq = torch.tensor([hp.bos_id] + ids[:n], dtype=torch.int32)
@@ -1855,7 +1857,7 @@ def test_zero_padded_multi_token_weights_change_nothing(device, smoke_data):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"))
-    tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
     for s in range(hp.total_steps):
         w = tg.mtp_weights_at(hp, s)

@@ -1,0 +1,59 @@
+"""The run's processes: ``Dist`` (rank, world size, device), ``setup_distributed`` (torchrun's environment: NCCL on
+GPUs, gloo on the CPU) and the two collectives the optimizer uses, asynchronous, with gloo's stand-ins for the
+``*_tensor`` collectives it lacks (the CPU runs of the tests: tests/test_world_sizes.py)."""
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def gloo(self):
+        return self.world > 1 and dist.get_backend() == "gloo"
+
+
+def setup_distributed():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        if device.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
+    return Dist(rank, world, device)
+
+
+def reduce_scatter_sum(d, full):
+    """Async sum of `full` (rows padded to a multiple of the world) over ranks; returns (work, my row shard)."""
+    rows = full.shape[0] // d.world
+    if d.world == 1:
+        return None, full
+    if d.gloo:  # gloo has no reduce_scatter_tensor: all-reduce the whole buffer and keep my rows
+        work = dist.all_reduce(full, op=dist.ReduceOp.SUM, async_op=True)
+        return work, full[d.rank * rows:(d.rank + 1) * rows]
+    shard = torch.empty((rows, *full.shape[1:]), dtype=full.dtype, device=full.device)
+    return dist.reduce_scatter_tensor(shard, full, op=dist.ReduceOp.SUM, async_op=True), shard
+
+
+def all_gather_rows(d, shard, out):
+    """Async gather of every rank's row shard into `out` (rows = world * shard rows); returns work or None."""
+    if d.world == 1:
+        out.copy_(shard)  # returns at once when shard is out's own memory (Group.in_place)
+        return None
+    if d.gloo:
+        parts = list(out.chunk(d.world))
+        work = dist.all_gather(parts, shard.contiguous(), async_op=True)
+        return work
+    return dist.all_gather_into_tensor(out, shard.contiguous(), async_op=True)
