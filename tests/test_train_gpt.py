@@ -591,12 +591,14 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     (a loss scaled by 8, or summed instead of averaged, is off by a factor). World sizes 2, 4 and 8 compute
     world size 1's micro-gradients and losses (tests/test_world_sizes.py). Both embedding-gradient paths: the
     dense fold (--no-embed-grad-to-acc) and the accumulate mode (kernels.embedding's kernels, which the CPU runs
-    through the interpreter here although the trainer gives the CPU torch's lookup)."""
+    through the interpreter here although the trainer gives the CPU torch's lookup). The reference gradient
+    comes from the trainer's own lookup (torch's on the CPU: not the interpreted kernels a second time)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), embed_grad_to_acc=accumulate,
                                   ve_tables=(0, 1, -1, 0))  # two value-embedding tables: each its own rows
     tr = tg.Trainer(hp, tg.Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
+    ref_fns = tr.fns
     if accumulate and device != "cuda":
         tr.fns = dataclasses.replace(tr.fns, lookup=tg.embedding, embed_accs=True)
     assert tr.fns.embed_accs == accumulate
@@ -606,9 +608,9 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     names = list(tr.params)
     params = [tr.params[k] for k in names]
     windows = tg.windows_at(hp, 0)
-    losses = [tg.forward(hp, tr.params, tr.fns, mb, windows, {}, train=True, mtp=tr.mtp[0]) for mb in mbs]
+    losses = [tg.forward(hp, tr.params, ref_fns, mb, windows, {}, train=True, mtp=tr.mtp[0]) for mb in mbs]
     with pytest.raises(AssertionError, match=r"forward\(train=True\) needs the step's multi-token weights"):
-        tg.forward(hp, tr.params, tr.fns, mbs[0], windows, {}, train=True)
+        tg.forward(hp, tr.params, ref_fns, mbs[0], windows, {}, train=True)
     mean = sum(losses) / len(losses)
     grads = dict(zip(names, torch.autograd.grad(mean, params, allow_unused=True)))
     accs = {}
