@@ -1703,12 +1703,13 @@ def test_smoke_runs_on_gpt2_shards(tmp_path, monkeypatch):
     the trainer runs the kernels' PyTorch references (StepKernels, cpu_embedding, the CE reference), so this is
     the first run a new user makes and takes well under a minute. Two steps, not ten (--steps 2 --extension-steps 0
     --untie-stage 0: one per stage, the untie after step 0): at vocabulary 50304 a CPU step costs seconds (the head,
-    the cross-entropy and Adam over the 50304-row tables), and the loss falls by about 2.3 in them."""
+    the cross-entropy and Adam over the 50304-row tables), and the loss falls by about 2.3 in them; validations of
+    8 micro-batches (--val-tokens 2048, the fewest the check of the shard allows), not 16."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
     train, val = _gpt2_shards(tmp_path)
     log_path, _ = tg.main(["--smoke", "--train-files", train, "--val-files", val, "--log-dir", str(tmp_path / "logs"),
                            "--checkpoint-dir", str(tmp_path / "ckpt"), "--steps", "2", "--extension-steps", "0",
-                           "--untie-stage", "0"])
+                           "--untie-stage", "0", "--val-tokens", "2048"])
     text, steps, vals = _parse(log_path)
     hp_logged = json.loads(re.search(r"^hyperparameters: (.*)$", text, re.M)[1])
     assert (hp_logged["vocab_size"], hp_logged["bos_id"]) == (50304, 50256)
