@@ -7,14 +7,15 @@ pytest imports this file before it collects the test modules, so setting it here
 Parallel runs (pytest-xdist; ``pytest.ini`` asks for ``-n auto --dist loadgroup``): ``-n auto`` is decided by
 ``pytest_xdist_auto_num_workers`` below (``-n 0`` runs in one process, e.g. for a single test). Tests that share a
 module-scoped fixture (a smoke run, a checkpoint) carry one ``xdist_group`` mark so that one worker builds it once;
-xdist schedules those groups first (largest first). (pytest >= 9.2 moved the node id that xdist 3.8 renames to mark
-a group, so there the marks do nothing and each worker that gets such a test builds the fixture itself: correct,
-only slower.) What must be built once per session whatever the scheduling, the compiled GPU runs, goes through
+xdist schedules those groups first (largest first), then the other tests in collection order, where
+``pytest_collection_modifyitems`` below puts the tests marked ``runs_long`` first (a long test started last would
+end the run alone). (pytest >= 9.2 moved the node id that xdist 3.8 renames to mark a group; the same hook renames
+it there.) What must be built once per session whatever the scheduling, the compiled GPU runs, goes through
 ``shared_build`` (a file lock in the session's temporary folder, which all workers share). Every test writes under
 its own ``tmp_path`` and torchrun picks a free port (``--standalone``), so workers share no other files and no
-ports. Each worker gets an equal share of the CPU threads (torch's intra-op pool and inductor's compile workers),
-and on a GPU hands its cached blocks back after a test that left much cached, so that the workers share the GPU's
-memory.
+ports. Each worker gets an equal share of the CPU threads (torch's intra-op pool, its subprocesses' too, and
+inductor's compile workers), and on a GPU hands its cached blocks back after a test that left much cached, so that
+the workers share the GPU's memory.
 """
 import fcntl
 import gc
@@ -28,8 +29,11 @@ import pytest
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by xdist in its workers
 _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
 if _WORKERS > 1:
-    # before torch: inductor reads its compile-worker count when it is first imported
+    # before torch: inductor reads its compile-worker count when it is first imported; the OpenMP pool's size
+    # also goes to the tests' subprocesses (a trainer run started by a test), which would otherwise each start
+    # one thread per core and, beside the other workers, spin for the cores (a Ctrl-C test took 41 s, not 16)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(_THREADS))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 # Several GPUs: xdist worker gwN takes GPU N mod their number (the controller lists them in TEST_GPUS before it
 # starts the workers), set before torch so that CUDA sees one card; the tests' own subprocesses inherit it.
 _GPUS = [g for g in os.environ.get("TEST_GPUS", "").split(",") if g]
@@ -55,15 +59,34 @@ _CACHED_LIMIT = 4 << 30
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: on a GPU machine at most 8 workers per GPU and 2 CPU cores each (Triton and inductor compile on
-    the CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core from 4 cores
-    on, and none below (one process, as CI's 2 cores: 2 workers there were no faster than one process, and each
-    worker builds the smoke runs again). PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
+    the CPU; the tests' float64 references run there too); on a CPU-only machine one worker per core, one thread
+    each (CI's 2 cores: the interpreted kernels and the small CPU models keep about one thread busy; one process
+    with two threads ran test_cross_entropy.py in 99 s, two workers in 62 s), one process on a single core.
+    PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cpus = os.cpu_count() or 1
     if HAS_CUDA:
         return max(1, min(8 * max(1, len(_GPUS)), cpus // 2))
-    return cpus if cpus >= 4 else 0
+    return cpus if cpus >= 2 else 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``runs_long`` first (otherwise in collection order), so that xdist starts them early.
+    Under ``--dist loadgroup`` on pytest >= 9.2, where a node id is ``str(item._id)`` and xdist 3.8's renaming
+    of ``item._nodeid`` to ``<node id>@<group>`` does nothing, the same renaming of ``item._id`` (every worker
+    collects and renames alike; the controller groups the tests by that suffix)."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_long") is None)
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup")):
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        node_id = getattr(item, "_id", None)
+        if names and not item.nodeid.endswith(suffix) and hasattr(type(node_id), "parse"):
+            item._id = type(node_id).parse(item.nodeid + suffix)
 
 
 def pytest_report_header(config):

@@ -1,6 +1,7 @@
 """Compiles the Triton kernels of kernel families for an H100/H200 (sm_90a) on a machine without a GPU.
 
-``python tests/sm90_compile_worker.py FAMILY [FAMILY ...] [--sass] [--jobs N]`` (run by tests/test_sm90_compile.py;
+``python tests/sm90_compile_worker.py FAMILY[:sass] [FAMILY[:sass] ...] [--sass] [--jobs N]`` (run by
+tests/test_sm90_compile.py;
 TRITON_INTERPRET must be unset, so that ``@triton.jit`` makes real JIT functions): calls each family's launchers
 the way train_gpt.py does, with the launch configurations the GPU uses, on small CPU tensors. Nothing is launched:
 ``JITFunction.run`` is replaced by a recorder, and each launcher's device check is waived. Every distinct launch
@@ -17,7 +18,8 @@ Why: the CPU tests run the kernels in Triton's interpreter, which accepts progra
 maps them (tensors: typed pointers; ints: i32, or i64 beyond int32; floats: fp32; bools: i1), without its
 specialisations (16-byte divisibility, integers equal to 1), which change the code, not whether it compiles.
 
-``--sass``: compile with the 16-byte divisibility the GPU launcher specialises on (tensors whose address, and
+``--sass`` (or ``FAMILY:sass`` for one family, whose lines then say ``"family": "FAMILY:sass"``; the same family
+may come plain and with ``:sass`` in one run): compile with the 16-byte divisibility the GPU launcher specialises on (tensors whose address, and
 integers whose value, is a multiple of 16: the vector loads and stores of the real launch; integers equal to 1
 are not specialised) and add to each row "sass": the instruction counts of the cubin disassembled by the nvdisasm
 in Triton's wheel, {"instructions", "mufu", "loop_instructions", "loop_mufu", "inner_loops"}, the loop being the
@@ -205,23 +207,25 @@ def sass_counts(cubin):
     return dict(instructions=n, mufu=mufu, loop_instructions=ln, loop_mufu=lmufu, inner_loops=inner)
 
 
-def compile_family(family, sass=False):
-    """The JSON lines of one family (module docstring)."""
+def compile_family(entry, sass=False):
+    """The JSON lines of one family, FAMILY or FAMILY:sass (module docstring)."""
+    family, _, mode = entry.partition(":")
+    sass = sass or mode == "sass"
     launches = record_launches()
     try:
         call_family(family)
     except Exception:  # noqa: BLE001 - reported, the test fails on it
-        return [json.dumps(dict(family=family, error="".join(traceback.format_exc().splitlines(True)[-12:])))]
+        return [json.dumps(dict(family=entry, error="".join(traceback.format_exc().splitlines(True)[-12:])))]
     module = sys.modules[f"kernels.{family}"]
     defined = sorted(n for n, v in vars(module).items() if isinstance(v, JITFunction) and n.endswith("_kernel"))
-    lines = [json.dumps(dict(family=family, defined=defined))]
+    lines = [json.dumps(dict(family=entry, defined=defined))]
     seen = set()
     for fn, signature, constexprs, options, attrs in launches:
         key = (fn.__name__, json.dumps(signature), repr(sorted(constexprs.items())), repr(sorted(options.items())))
         if key in seen:
             continue
         seen.add(key)
-        row = dict(family=family, kernel=fn.__name__, signature=signature,
+        row = dict(family=entry, kernel=fn.__name__, signature=signature,
                    constexprs={k: repr(v) for k, v in constexprs.items()}, options=options, ok=True, error="")
         try:
             src = ASTSource(fn, signature, constexprs, attrs if sass else None)
@@ -236,8 +240,8 @@ def compile_family(family, sass=False):
 
 def main(families, sass=False, jobs=1):
     import importlib
-    for family in families:  # imported before the fork, so that each process does not import them again
-        importlib.import_module(f"kernels.{family}")
+    for entry in families:  # imported before the fork, so that each process does not import them again
+        importlib.import_module(f"kernels.{entry.partition(':')[0]}")
     waive_device_checks()
     if jobs <= 1:
         results = (compile_family(f, sass) for f in families)
@@ -254,7 +258,7 @@ def main(families, sass=False, jobs=1):
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("families", nargs="+", metavar="FAMILY")
+    ap.add_argument("families", nargs="+", metavar="FAMILY[:sass]")
     ap.add_argument("--sass", action="store_true", help="16-byte specialised, with the cubins' instruction counts")
     ap.add_argument("--jobs", type=int, default=1, help="processes compiling families in parallel")
     a = ap.parse_args()

@@ -53,17 +53,22 @@ def test_bench_case_checks(name):
             case["check"]()
 
 
+# Rows of the cross-entropy cases below: two row counts (the cases' first and last N differ) of V = 208 columns.
+# The FP8 matmuls need V and N divisible by 16 on the GPU; the CPU's interpreter runs a program per row, so there
+# the row counts are 8 and 16.
+CE_ROWS = (16, 32) if HAS_CUDA else (8, 16)
+
+
 def test_cross_entropy_fp8_cases_run_at_a_small_shape(device):
-    """benchmarks/cross_entropy.py's FP8 head cases with --tune at N = 16 and 32 rows of V = 208 columns (the
-    FP8 matmuls need V and N divisible by 16 on the GPU; 208 is no multiple of any CE tile, so tails run): every
-    case (the row kernel + transpose, each tuning candidate, the whole FP8 head backward) and every baseline
-    runs."""
+    """benchmarks/cross_entropy.py's FP8 head cases with --tune at CE_ROWS rows of V = 208 columns (208 is no
+    multiple of any CE tile, so tails run): every case (the row kernel + transpose, each tuning candidate, the
+    whole FP8 head backward) and every baseline runs."""
     from benchmarks import cross_entropy as bench
     gen = torch.Generator().manual_seed(0)
-    N, V = 32, 208
+    N, V = CE_ROWS[-1], 208
     x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
     targets = torch.randint(0, V, (N,), generator=gen).to(device)
-    cases = bench.fp8_head_cases(x, targets, torch.empty_like(x), device, row_counts=(16, N), tune=True)
+    cases = bench.fp8_head_cases(x, targets, torch.empty_like(x), device, row_counts=CE_ROWS, tune=True)
     ops = [c["op"] for c in cases]
     assert ops.count("softcapped_ce_bwd_e5m2") == 4   # 2 N x 2 K
     assert sum(op.startswith("softcapped_ce_bwd_e5m2[") for op in ops) == len(bench.TUNING_CANDIDATES)
@@ -74,21 +79,21 @@ def test_cross_entropy_fp8_cases_run_at_a_small_shape(device):
 
 
 def test_cross_entropy_fwd_grad_cases_run_at_a_small_shape(device):
-    """benchmarks/cross_entropy.py's gradient-in-the-forward cases with --tune at N = 16 and 32 rows of V = 208
-    columns and its head cases at C = 32: every case (in place over the scratch, the fused e5m2 kernel with the
-    transpose, each tuning candidate, the bf16 head, the FP8 head where the GPU has FP8) and its two-kernel baseline
-    runs; the in-place case writes the gradient over its buffer."""
+    """benchmarks/cross_entropy.py's gradient-in-the-forward cases with --tune at CE_ROWS rows of V = 208 columns
+    and its head cases at C = 32: every case (in place over the scratch, the fused e5m2 kernel with the transpose,
+    each tuning candidate, the bf16 head, the FP8 head where the GPU has FP8) and its two-kernel baseline runs;
+    the in-place case writes the gradient over its buffer."""
     from benchmarks import cross_entropy as bench
     gen = torch.Generator().manual_seed(0)
-    N, V = 32, 208
+    N, V = CE_ROWS[-1], 208
     x = (torch.randn(N, V, generator=gen) * 4 - 2.3).to(device=device, dtype=torch.bfloat16)
     targets = torch.randint(0, V, (N,), generator=gen).to(device)
     scratch = x.clone()
-    cases = bench.fwd_grad_cases(x, targets, scratch, device, row_counts=(16, N), tune=True)
+    cases = bench.fwd_grad_cases(x, targets, scratch, device, row_counts=CE_ROWS, tune=True)
     ops = [c["op"] for c in cases]
     assert ops.count("softcapped_ce_fwd_grad[in_place]") == ops.count("softcapped_ce_fwd_grad_e5m2+transpose") == 2
     assert sum(op.startswith("softcapped_ce_fwd_grad_e5m2[") for op in ops) == len(bench.FWD_GRAD_TUNING_CANDIDATES)
-    [c for c in cases if c["op"] == "softcapped_ce_fwd_grad[in_place]"][-1]["fn"]()    # N = 32, before the rest
+    [c for c in cases if c["op"] == "softcapped_ce_fwd_grad[in_place]"][-1]["fn"]()    # all N rows, before the rest
     assert not torch.equal(scratch, x), "the in-place case did not write its buffer"
     heads = bench.head_cases(device, 16, V, C=32)
     assert [c["op"] for c in heads][0] == "head_ce_fwd_bwd" and all(c["flops"] == 6 * 16 * 32 * V for c in heads)

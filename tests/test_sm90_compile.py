@@ -21,15 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ["adam", "cross_entropy", "embedding", "mlp", "momentum", "normuon", "polar_express", "transpose"]
 
 
+# The cross-entropy kernels once more, 16-byte specialised with their SASS instruction counts (--sass), in the same
+# worker run (one import of torch, Triton and the kernels for both).
+SASS = "cross_entropy:sass"
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    """(the worker's exit status and stderr, {family: its JSON lines}) of one worker run for every family, each
-    compiled in one of this worker's share of the CPU cores (imports once, compiles in parallel)."""
+    """(the worker's exit status and stderr, {family: its JSON lines}) of one worker run for every family and SASS,
+    each compiled in one of this worker's share of the CPU cores (imports once, compiles in parallel)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")  # Triton's GPU default, stated
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), *FAMILIES, "--jobs",
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), *FAMILIES, SASS, "--jobs",
                            str(_THREADS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    lines = {f: [] for f in FAMILIES}
+    lines = {f: [] for f in [*FAMILIES, SASS]}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
             row = json.loads(line)
@@ -57,7 +62,8 @@ def test_kernels_compile_for_sm90(family, compiled):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the suite compiles and runs every kernel for real")
-def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
+@pytest.mark.xdist_group("sm90_compile")
+def test_cross_entropy_row_kernels_spend_three_mufu_per_element(compiled):
     """The cross-entropy kernels' design (kernels/cross_entropy.py): three special-function operations per logit,
     2^t and the reciprocal square root of the sigmoid and the exp of the softmax, checked in the sm_90a code of the
     launches train_gpt.py makes (``--sass``: 16-byte specialised, as on the GPU): a tile loop of the row kernels
@@ -65,12 +71,10 @@ def test_cross_entropy_row_kernels_spend_three_mufu_per_element():
     one per tile in the forward (the rescale of the running sums). A correctly rounded division (tl.div_rn) or
     tl.sigmoid's would add a MUFU.RCP per element. The fused kernel (the gradient in the forward) holds both: its row
     loop's two full-tile loops, pass A and pass B, spend what the forward's and the backward's loops spend."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(REPO), TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "sm90_compile_worker.py"), "cross_entropy", "--sass"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    first, *rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    (code, stderr), lines = compiled
+    assert code == 0, stderr
+    assert lines[SASS], f"no output for {SASS}: {stderr}"
+    first, *rows = lines[SASS]
     assert "error" not in first, first["error"]
     assert all(r["ok"] for r in rows), [r["error"] for r in rows if not r["ok"]]
     row_kernels = [r for r in rows if r["kernel"] in ("_ce_fwd_kernel", "_ce_bwd_kernel")]

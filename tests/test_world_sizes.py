@@ -79,6 +79,11 @@ def ranks(shared_build):
             for world in WORLD_SIZES}
 
 
+# The tests on the ranks' records: one xdist worker builds them (the fixture's own lock keeps it to one build
+# per session anyway; the group keeps a second worker from waiting on it).
+on_ranks = pytest.mark.xdist_group("world_size_ranks")
+
+
 def _slots(recs, step):
     """{slot: {name: micro-gradient}} of one step of one world size: rank r's micro-step j is slot r + j W."""
     world = len(recs)
@@ -102,6 +107,7 @@ def _rows(t, world, rank):
 # Same math
 
 
+@on_ranks
 def test_every_slot_has_world_size_1s_micro_gradient(ranks):
     """The slot split and the loss scale: in every step, the micro-gradient of slot i is bitwise the one world
     size 1 computes for slot i: the same code on the same micro-batch and parameters (world size 1's at every
@@ -122,6 +128,7 @@ def test_every_slot_has_world_size_1s_micro_gradient(ranks):
                         f"1's (norm ratio {ratio:.4g})")
 
 
+@on_ranks
 def test_reduced_rows_are_the_global_batch_sum(ranks):
     """Every reduce-scatter of every step, at every world size: rank r receives rows [r k, (r + 1) k) (k =
     ceil(rows / W)) of the sum of the 8 slots' micro-gradients (while tied, the LM head's rows add the
@@ -154,6 +161,7 @@ def test_reduced_rows_are_the_global_batch_sum(ranks):
             assert padded_banks and empty_bank_shards, f"world size {world}: no Muon bank shard of padding only"
 
 
+@on_ranks
 def test_optimizer_shards_are_the_reduced_rows(ranks):
     """Rank r's optimizer holds, before any step, the same rows of every parameter that its reduce-scatter
     delivers: [r k, (r + 1) k) of the zero-padded parameter (fp32), so each row is updated with its own gradient.
@@ -167,6 +175,7 @@ def test_optimizer_shards_are_the_reduced_rows(ranks):
                     f"[{r} k, {r + 1} k) of the parameter (k = {want.shape[0]})")
 
 
+@on_ranks
 def test_losses_and_parameters_are_world_size_1s(ranks):
     """The train loss of each step is the sum of the same 8 micro-losses (each / 8) in another order: within
     2 gamma_7 of world size 1's (rule 4; positive terms); the validation loss likewise, over its n micro-batches,
@@ -195,6 +204,7 @@ def test_losses_and_parameters_are_world_size_1s(ranks):
 # Communication during the backward, in one order
 
 
+@on_ranks
 def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
     """From each rank's event order (gradient hooks, reduce-scatter launches, backward ends, collectives), in
     every step: some reduce-scatter is launched while the last micro-step's backward still computes gradients
@@ -231,6 +241,7 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
 # The comparison command: records/world_sizes.py
 
 
+@pytest.mark.runs_long
 def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
     """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps (two layers) at world
     sizes 1 and 2 (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step

@@ -39,6 +39,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401  (the forward's mark_dynamic imports it: once here, not in every forked rank)
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
