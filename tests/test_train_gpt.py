@@ -49,13 +49,14 @@ _spec.loader.exec_module(compare)
 # Smoke data: documents that follow a learnable rule (next = prev + 7..9 mod 511), BOS = 511, vocab 512
 
 
-def _make_shard(path, n_tokens, seed):
+def _make_shard(path, n_tokens, seed, vocab=512):
+    """Documents of the rule next = prev + 7..9 (mod vocab - 1), each after a BOS (vocab - 1)."""
     rng = np.random.default_rng(seed)
     docs, total = [], 0
     while total < n_tokens:
         n = int(rng.integers(20, 300))
-        doc = np.cumsum(np.concatenate([[rng.integers(0, 511)], 7 + rng.integers(0, 3, size=n - 1)])) % 511
-        docs.append(np.concatenate([[511], doc]))
+        doc = np.cumsum(np.concatenate([[rng.integers(0, vocab - 1)], 7 + rng.integers(0, 3, size=n - 1)]))
+        docs.append(np.concatenate([[vocab - 1], doc % (vocab - 1)]))
         total += n + 1
     write_shard(path, np.concatenate(docs)[:n_tokens].astype(np.uint16))
 
@@ -66,6 +67,20 @@ def smoke_data(tmp_path_factory):
     _make_shard(d / "smoke_train_000001.bin", 120_000, 1)
     _make_shard(d / "smoke_train_000002.bin", 120_000, 2)
     _make_shard(d / "smoke_val_000000.bin", 20_000, 3)
+    return d
+
+
+# The same data at vocabulary 128 (BOS 127), with a 64-row bigram table: for the trainer tests that run
+# kernels.embedding's kernels in the interpreter, which cost a program per 64 rows of each table (512 + 2 x 512 +
+# 256 rows at the smoke vocabulary: 28 programs per micro-step and trainer, here 7).
+SMALL_VOCAB = dict(vocab_size=128, bos_id=127, bigram_vocab_size=64)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("small_vocab_data")
+    _make_shard(d / "smoke_train_000001.bin", 40_000, 1, vocab=128)
+    _make_shard(d / "smoke_val_000000.bin", 20_000, 3, vocab=128)
     return d
 
 
@@ -185,7 +200,8 @@ def test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly(smoke_run, smoke_
     stopped run's, which it leaves alone."""
     _, log_full, ckpt_full = smoke_run
     _, steps_full, vals_full = _parse(log_full)
-    argv = _smoke_argv(smoke_data, tmp_path, "cut", "--save-every", "5")
+    # no validations in the interrupted part (the resumed run's are compared; val_every may differ on resume)
+    argv = _smoke_argv(smoke_data, tmp_path, "cut", "--save-every", "5", "--val-every", "0")
     proc = subprocess.Popen([sys.executable, "-c", _WAIT_AFTER_STEP_5, *argv], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=os.environ)
     lines = []
@@ -591,7 +607,7 @@ def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
-def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, device, accumulate):
+def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data, device, accumulate):
     """Trainer.train_step at world size 1, fp32: the gradient it accumulates over the 8 micro-steps equals the
     gradient of the MEAN micro-batch loss over the global batch (autograd of that mean, computed here), and the
     train_loss it returns is that mean. At step 0 the near-uniform initial head puts it within 0.05 of ln(vocab)
@@ -600,10 +616,12 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(smoke_data, devi
     world size 1's micro-gradients and losses (tests/test_world_sizes.py). Both embedding-gradient paths: the
     dense fold (--no-embed-grad-to-acc) and the accumulate mode (kernels.embedding's kernels, which the CPU runs
     through the interpreter here although the trainer gives the CPU torch's lookup). The reference gradient
-    comes from the trainer's own lookup (torch's on the CPU: not the interpreted kernels a second time)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), embed_grad_to_acc=accumulate,
-                                  ve_tables=(0, 1, -1, 0))  # two value-embedding tables: each its own rows
+    comes from the trainer's own lookup (torch's on the CPU: not the interpreted kernels a second time). The data
+    and tables at vocabulary 128 (SMALL_VOCAB)."""
+    data = small_vocab_data
+    hp = tg.smoke_hyperparameters(param_dtype="float32", train_files=str(data / "smoke_train_*.bin"),
+                                  val_files=str(data / "smoke_val_*.bin"), embed_grad_to_acc=accumulate,
+                                  ve_tables=(0, 1, -1, 0), **SMALL_VOCAB)  # two value-embedding tables
     tr = tg.Trainer(hp, Dist(device=torch.device(device)), shard_files(hp.train_files),
                     shard_files(hp.val_files))
     ref_fns = tr.fns
@@ -1011,7 +1029,7 @@ def test_embedding_accs_stay_the_accumulators(device):
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
+def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, small_vocab_data, device):
     """--embed-grad-to-acc against the default, through Trainer.train_step: with the embedding lookups adding
     into the optimizer's accumulators, every accumulator, parameter and optimizer state is bitwise what the dense
     gradients folded by the hooks give. Both trainers use kernels.embedding.embedding (on the CPU: the Triton
@@ -1020,10 +1038,11 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, smoke_data, device):
     step's eight micro-batches (the interpreter's cost; the loss is still scaled by 1/8). adam_every=2: the first
     step leaves the tables' accumulators pending, the second reduces and updates them, while tied (steps 0 and 1:
     the head's reduce-scatter then waits for step(), which folds the embedding's accumulator into it) or untied
-    (--untie-stage 0: steps 2 and 3, the first of which unties)."""
-    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
-                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2,
-                                  ve_tables=(0, 1, -1, 0), untie_stage=1 if tied else 0)
+    (--untie-stage 0: steps 2 and 3, the first of which unties). The data and tables at vocabulary 128
+    (SMALL_VOCAB: a quarter of the interpreted programs)."""
+    data = small_vocab_data
+    hp = tg.smoke_hyperparameters(train_files=str(data / "smoke_train_*.bin"), val_files=str(data / "smoke_val_*.bin"),
+                                  adam_every=2, ve_tables=(0, 1, -1, 0), untie_stage=1 if tied else 0, **SMALL_VOCAB)
     steps = (0, 1) if tied else (2, 3)
     assert tg.untie_step(hp) == (6 if tied else 2) and [tg.slow_adam_step(hp, s) for s in steps] == [False, True]
     tables = {"embed", "value_embeds", "bigram_embed"}
