@@ -25,7 +25,7 @@ from checkpoints import RESUME_MAY_DIFFER, CheckpointError, check_resume, check_
 from data.hellaswag import HellaSwagError
 from data.prepare_text import PrepareError
 from data.shards import ShardError, check_token_ids, load_shard
-from data.smoke_corpus import write_smoke_corpus
+from data.smoke_corpus import OUT_DIR, write_smoke_corpus
 from evaluation import GPT2_VOCAB
 from flags import (FLAG_ALIASES, ArgumentParser, SettingsError, add_dataclass_flags, check_ranges, flag_name,
                    launch_rank)
@@ -33,7 +33,7 @@ from kernels.hardware import keep_freed_memory
 from run_log import check_run_id, new_run_id, open_log, resolve_files
 
 NOT_FLAGS = ("stages",)  # a table of Stage rows: edited in the code, not on the command line
-SMOKE_CORPUS = "data/smoke"  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
+SMOKE_CORPUS = OUT_DIR  # where --smoke without shards writes its corpus (data/smoke_corpus.py)
 
 
 def parse_args(argv, hyperparameters, smoke_hyperparameters, description=None):

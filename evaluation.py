@@ -26,6 +26,8 @@ import torch.distributed as dist
 from compilation import unique_graphs
 from data.hellaswag import HellaSwagError, load_examples, render
 from data.prepare_text import load_gpt2
+from data.smoke_corpus import ByteCodec, is_smoke_corpus
+from flags import SettingsError
 
 GPT2_VOCAB = 50257  # ids >= this are vocabulary padding: never scored or sampled
 HELLASWAG_PACK_TOKENS = 4096  # examples are packed into sequences of up to this many tokens (one shape)
@@ -183,10 +185,15 @@ def evaluate_hellaswag(args, d, load_model, model_logits, block):
 def sample(args, d, load_model, model_logits):
     """--sample CHECKPOINT: print --num-samples continuations of --prompt (one after another, each its own
     sequence), drawn with --temperature / --top-k from a generator seeded with --seed. load_model and
-    model_logits: as for evaluate_hellaswag."""
+    model_logits: as for evaluate_hellaswag. The text is GPT-2 tokens, or the bytes of --smoke's own corpus for a
+    checkpoint trained on it (data/smoke_corpus.py); a prompt token beyond the checkpoint's vocabulary (a model
+    trained on other ids) is refused in one line."""
     hp, params, fns = load_model(args.sample, d)
-    enc = load_gpt2()
+    enc = ByteCodec() if is_smoke_corpus(hp.train_files) else load_gpt2()
     prompt = [hp.bos_id] + enc.encode_ordinary(args.prompt)
+    if max(prompt) >= hp.vocab_size:
+        raise SettingsError(f"--prompt: its tokens reach id {max(prompt)}, beyond the vocabulary of {hp.vocab_size} "
+                            f"ids of {args.sample} (trained on {hp.train_files}: other token ids than GPT-2's)")
     g = torch.Generator().manual_seed(0 if args.seed is None else args.seed)
     model, texts, graphs = model_logits(hp, params, fns, {}), [], unique_graphs()
     for i in range(args.num_samples):

@@ -16,10 +16,30 @@ import numpy as np
 from data.shards import write_shard
 
 REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = "data/smoke"  # where --smoke without shards writes the corpus (relative to the working directory)
 BOS = 256  # one past the byte values: the document separator
 VAL_EVERY = 10  # every 10th file (sorted by path) is a validation document
 SUFFIXES = (".py", ".md")
 TRAIN_GLOB, VAL_GLOB = "smoke_train_*.bin", "smoke_val_*.bin"
+
+
+class ByteCodec:
+    """The smoke corpus's tokenizer for --sample: a text's UTF-8 bytes as ids 0 .. 255; decoding drops the ids that
+    are no byte (BOS and the padding rows of the vocabulary) and replaces invalid UTF-8. The method names are
+    tiktoken's, so --sample takes either."""
+
+    @staticmethod
+    def encode_ordinary(text):
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def decode(ids):
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def is_smoke_corpus(train_files, out_dir=OUT_DIR):
+    """Whether a run's --train-files glob is the one write_smoke_corpus(out_dir) returns (the byte-level corpus)."""
+    return str(train_files) == str(Path(out_dir) / TRAIN_GLOB)
 
 
 def source_files(repo=REPO):

@@ -5,6 +5,7 @@ top-k, seed). End to end on a smoke checkpoint (--hellaswag, --hellaswag-every, 
 import dataclasses
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import evaluation as ev
 import train_gpt as tg
 from distributed import Dist
 from data.hellaswag import HellaSwagError
+from flags import SettingsError
 from test_hellaswag import NUMBERS, NumberEncoding
 
 
@@ -156,3 +158,48 @@ def test_next_token_rules():
     a = [ev.next_token(logits, 1.0, 0, g1) for g1 in [torch.Generator().manual_seed(3)] * 20]
     b = [ev.next_token(logits, 1.0, 0, g1) for g1 in [torch.Generator().manual_seed(3)] * 20]
     assert a == b and len(set(a)) > 1
+
+
+def _sample_with(monkeypatch, train_files, vocab, prompt, gpt2=None, best=33):
+    """evaluation.sample on a stand-in checkpoint (train_files, vocab; BOS 256) whose model always prefers id best
+    (33: the byte of "!"), greedily, three new tokens. gpt2: what load_gpt2 returns (None: calling it fails the test).
+    Returns (the printed texts, the id list the model saw first)."""
+    hp = dataclasses.replace(tg.Hyperparameters(), train_files=train_files, vocab_size=vocab, bos_id=256)
+    seen = []
+
+    def logits(x, rows):
+        seen.append(x.tolist())
+        out = torch.zeros(len(rows), vocab)
+        out[:, best] = 1.0
+        return out
+
+    def no_gpt2():
+        raise AssertionError("the byte corpus needs no GPT-2 tokenizer")
+
+    monkeypatch.setattr(ev, "load_gpt2", (lambda: gpt2) if gpt2 is not None else no_gpt2)
+    args = types.SimpleNamespace(sample="ckpt", prompt=prompt, seed=0, num_samples=1, max_new_tokens=3,
+                                 temperature=0.0, top_k=0)
+    texts = ev.sample(args, Dist(), lambda path, d: (hp, None, None), lambda hp, params, fns, cache: logits)
+    return texts, seen[0]
+
+
+def test_sampling_a_smoke_corpus_checkpoint_reads_and_writes_bytes(monkeypatch):
+    """A checkpoint trained on --smoke's byte corpus (its --train-files glob, data/smoke_corpus.py): the prompt's
+    UTF-8 bytes after BOS, the output decoded as bytes (BOS and non-byte ids dropped), no GPT-2 files needed."""
+    texts, first = _sample_with(monkeypatch, "data/smoke/smoke_train_*.bin", 384, "héllo")
+    assert first == [256, 104, 195, 169, 108, 108, 111]  # "é" is two UTF-8 bytes
+    assert texts == ["héllo!!!"]
+    assert _sample_with(monkeypatch, "data/smoke/smoke_train_*.bin", 384, "héllo", best=300)[0] == ["héllo"]
+
+
+def test_sampling_other_checkpoints_uses_gpt2_and_refuses_ids_beyond_the_vocabulary(monkeypatch):
+    """Any other corpus is GPT-2 tokens; a prompt token the checkpoint's vocabulary lacks is one line naming
+    --prompt (not an index error inside the model)."""
+    enc = types.SimpleNamespace(encode_ordinary=lambda text: [int(t) for t in text.split()],
+                                decode=lambda ids: " ".join(map(str, ids)))
+    texts, first = _sample_with(monkeypatch, "data/mine/fineweb_train_*.bin", 384, "7 300", gpt2=enc)
+    assert first == [256, 7, 300] and texts == ["7 300 33 33 33"]
+    with pytest.raises(SettingsError, match=r"^--prompt: its tokens reach id 384, beyond the vocabulary of 384 "):
+        _sample_with(monkeypatch, "data/mine/fineweb_train_*.bin", 384, "7 384", gpt2=enc)
+    with pytest.raises(SettingsError, match=r"of ckpt \(trained on data/mine/fineweb_train_\*\.bin: "):
+        _sample_with(monkeypatch, "data/mine/fineweb_train_*.bin", 384, "9999", gpt2=enc)
