@@ -49,6 +49,80 @@ if HAS_CUDA and not os.environ.get("PYTEST_XDIST_WORKER") and "TEST_GPUS" not in
     _GPUS = os.environ["TEST_GPUS"].split(",")
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _skip_the_interpreters_repeated_patching():
+    """Triton's interpreter (3.9) swaps triton.language's builtins for interpreted ones at each kernel launch
+    (``_patch_lang``: every builtin of tl, tl.tensor and tl.math, found by ``inspect.getmembers``) and restores
+    them at the launch's end; it swaps them again at every call of a ``@triton.jit`` helper inside the kernel
+    (ours, and Triton's own such as tl.cdiv and tl.zeros, whose module holds triton.language.core), where that
+    changes nothing once the launch, or an earlier helper call in it, swapped the language modules the helper's
+    globals hold: their builtins are swapped already, and what it sets besides (range, static_assert, reduce, ...)
+    are the same functions again. A helper called per tile and program makes that repetition the largest cost of
+    an interpreted kernel test. Here such a helper call skips it; the first call of a helper that sees another
+    language module, one that sees none (Triton's error) and a call outside a launch run Triton's code as before.
+    The builtins a launch swaps are looked up once per module, not by getmembers at each launch. Nothing else
+    changes: tests/test_interpreter_patching.py runs kernels with helpers both ways and compares. Returns the
+    counts of helper calls inside launches skipped and left to Triton (None where Triton's interpreter is
+    another)."""
+    try:
+        import inspect
+
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+        patch_lang, patch_builtin, patch_attr = ti._patch_lang, ti._patch_builtin, ti._patch_attr
+    except (ImportError, AttributeError):  # another Triton: its interpreter as it is
+        return None
+    launch = {"langs": None}  # the language modules the launch in progress swapped (None: no launch)
+    counts = {"skipped": 0, "triton": 0}  # helper calls inside launches: skipped, and left to Triton
+    langs_of, members_of = {}, {}
+
+    class Unchanged:
+        def restore(self):
+            pass
+
+    def langs(fn):  # as _patch_lang finds them
+        if fn not in langs_of:
+            langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                     if inspect.ismodule(v) and v in (tl, tl.core))
+        return langs_of[fn]
+
+    def fast_patch_lang(fn):
+        if launch["langs"] is not None:  # a helper called inside a launch
+            if langs(fn) and langs(fn) <= launch["langs"]:
+                counts["skipped"] += 1
+                return Unchanged()
+            counts["triton"] += 1
+            scope = patch_lang(fn)  # never restored (Triton drops it): swapped for the rest of the launch too
+            launch["langs"] |= langs(fn)
+            return scope
+        scope = patch_lang(fn)  # a launch (GridExecutor.__call__ restores the scope in a finally)
+        launch["langs"] = langs(fn)
+        restore = scope.restore
+
+        def restore_and_end():
+            launch["langs"] = None
+            restore()
+        scope.restore = restore_and_end
+        return scope
+
+    def fast_patch_builtin(pkg, builder, scope):
+        members = members_of.get(pkg)
+        if members is None or any(getattr(pkg, name, None) is not m for name, m in members):
+            if launch["langs"] is not None:  # pkg may hold swapped members now: Triton's own lookup
+                return patch_builtin(pkg, builder, scope)
+            members = members_of[pkg] = [(name, m) for name, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name, m in members:
+            patch_attr(pkg, name, m, builder, scope)
+
+    fast_patch_lang.triton, fast_patch_builtin.triton = patch_lang, patch_builtin  # Triton's own, for the test
+    ti._patch_lang, ti._patch_builtin = fast_patch_lang, fast_patch_builtin
+    return counts
+
+
+INTERPRETER_SHORTCUT = None
+if not HAS_CUDA and os.environ.get("TRITON_INTERPRET") == "1":
+    INTERPRETER_SHORTCUT = _skip_the_interpreters_repeated_patching()
 if _WORKERS > 1:
     torch.set_num_threads(_THREADS)
 

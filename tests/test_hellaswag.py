@@ -291,7 +291,7 @@ def smoke_run(tmp_path_factory):
         log_path, ckpt_dir = tg.main([
             "--smoke", "--train-files", str(d / "smoke_train_*.bin"), "--val-files", str(d / "smoke_val_*.bin"),
             "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), "--run-id", "hs",
-            "--steps", "4", "--extension-steps", "1", "--val-every", "0",
+            "--steps", "4", "--extension-steps", "1", "--val-every", "0", "--val-tokens", "2048",
             "--hellaswag-every", "2", "--hellaswag-file", str(NUMBERS), *TWO_LAYER_FLAGS])
     finally:
         mp.undo()

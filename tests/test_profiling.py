@@ -82,3 +82,96 @@ def test_profile_stages_profiles_each_stage_start_then_resets(tmp_path):
                        f"top-level operators, not GPU kernels)"
     assert [h.split(":")[0] for h in heads] == ["profile_stage0", "profile_stage2", "profile_stage3"]
     assert "steps 9..9" in heads[2] and (tmp_path / "run_profile_stage3_rank0.json").is_file()
+
+
+def test_cpu_top_level_is_what_prof_events_gives(tmp_path):
+    """profiling.cpu_top_level (the CPU path of ``profile``) lists exactly the top-level CPU events of
+    ``prof.events()``, in its order: a profile of forwards and backwards (autograd's events, nested operators), a
+    record_function range with operators inside and a gloo collective, as in a profiled smoke step."""
+    import torch
+    import torch.distributed as dist
+
+    from profiling import cpu_top_level
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        w = torch.randn(32, 32, requires_grad=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                with torch.profiler.record_function("my_range"):
+                    loss = torch.nn.functional.gelu(torch.randn(8, 32) @ w).sum()
+                loss.backward()
+                grad = w.grad.clone()
+                dist.all_reduce(grad)
+    finally:
+        dist.destroy_process_group()
+    events = prof.events()
+    want = [(e.name, e.time_range.start, e.time_range.end) for e in events
+            if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None]
+    assert cpu_top_level(prof) == want
+    names = {name for name, _, _ in want}
+    assert "my_range" in names and any("all_reduce" in n for n in names), names
+    assert sum(e.cpu_parent is not None for e in events) > len(want), "few nested events: the test lost its point"
+
+
+class _RawEvent:
+    """A stand-in for one of the profiler's raw (kineto) events: the fields given, the rest empty."""
+
+    def __init__(self, name, start_us, end_us, thread=1, end_thread=None, device="CPU", is_async=False, corr=0,
+                 linked=0):
+        import torch
+        self.fields = dict(name=name, start_ns=1000 * start_us, end_ns=1000 * end_us, start_thread_id=thread,
+                           end_thread_id=thread if end_thread is None else end_thread, is_async=is_async,
+                           device_type=getattr(torch.autograd.DeviceType, device), correlation_id=corr,
+                           linked_correlation_id=linked)
+
+    def __getattr__(self, key):
+        if key == "fields":
+            raise AttributeError(key)
+        if key in self.fields:
+            return lambda: self.fields[key]
+        empty = {"kwinputs": {}, "metadata_json": "", "overload_name": "", "extra_meta": None}
+        lists = ("shapes", "stack", "concrete_inputs", "dtypes", "structured_input_shapes", "structured_input_strides")
+        return lambda: [] if key in lists else empty.get(key, 0)
+
+
+def test_cpu_top_level_on_the_edge_cases_of_the_nesting():
+    """Raw events made up to hit each rule of torch's own reading (torch.autograd.profiler.profile's
+    _parse_kineto_results and EventList._build_tree, run here on the same events as the reference), and the
+    answer written out: a child listed before its parent with the same start; an event starting where its
+    predecessor ends (a sibling), an instant one at its end too; one overlapping its predecessor's end (not its
+    child); an async event and one that ends on another thread (never children, always listed); a GPU event (not
+    listed); torch's filtered names (aten::is_leaf); ProfilerStep#N (listed as ProfilerStep*); a CPU event on
+    thread 7 linked to an operator of thread 1 (it moves to thread 1, inside that operator). Memory events: None
+    (prof.events() turns some into events)."""
+    import types
+
+    import torch
+    from torch.autograd.profiler import profile as autograd_profile
+    from torch.autograd.profiler_util import EventList
+
+    from profiling import cpu_top_level
+    raw = [
+        _RawEvent("child", 10, 20), _RawEvent("parent", 10, 40), _RawEvent("grandchild", 12, 15),
+        _RawEvent("sibling", 40, 50), _RawEvent("straddles", 45, 60), _RawEvent("inside_straddles", 46, 47),
+        _RawEvent("instant_at_its_end", 60, 60),
+        _RawEvent("async", 11, 12, is_async=True), _RawEvent("two_threads", 13, 14, end_thread=3),
+        _RawEvent("gpu_kernel", 0, 100, device="CUDA"), _RawEvent("aten::is_leaf", 70, 71),
+        _RawEvent("ProfilerStep#7", 0, 100, thread=2), _RawEvent("step_op", 5, 8, thread=2),
+        _RawEvent("launcher", 80, 90, corr=42), _RawEvent("runtime", 82, 83, thread=7, linked=42),
+        _RawEvent("alone_on_7", 84, 85, thread=7)]
+
+    def top_level(events):
+        result = types.SimpleNamespace(events=lambda: events, trace_start_ns=lambda: 0)
+        ref = EventList(autograd_profile._parse_kineto_results(types.SimpleNamespace(use_device=None), result))
+        ref._build_tree()
+        want = [(e.name, e.time_range.start, e.time_range.end) for e in ref
+                if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None]
+        return want, cpu_top_level(types.SimpleNamespace(profiler=types.SimpleNamespace(kineto_results=result)))
+
+    want, got = top_level(raw)
+    assert got == want
+    assert got == [("ProfilerStep*", 0.0, 100.0), ("parent", 10.0, 40.0), ("async", 11.0, 12.0),
+                   ("two_threads", 13.0, 14.0), ("sibling", 40.0, 50.0), ("straddles", 45.0, 60.0),
+                   ("instant_at_its_end", 60.0, 60.0), ("launcher", 80.0, 90.0), ("alone_on_7", 84.0, 85.0)]
+    assert top_level([*raw, _RawEvent("[memory]", 30, 30)])[1] is None

@@ -120,6 +120,9 @@ def _parse(log_path):
     return text, steps, vals
 
 
+# The shared smoke run's validations (and those of the runs compared with it, the same setting)
+SMOKE_RUN_VAL = ("--val-tokens", "2048")
+
 # The tests of the shared smoke run carry this mark: one xdist worker builds it (where groups work: conftest.py).
 on_smoke_run = pytest.mark.xdist_group("train_gpt_smoke_run")
 
@@ -127,9 +130,10 @@ on_smoke_run = pytest.mark.xdist_group("train_gpt_smoke_run")
 @pytest.fixture(scope="module")
 def smoke_run(smoke_data, tmp_path_factory):
     """One uninterrupted smoke run (10 steps, checkpoints at 5 and 10) shared by the tests below. Step 5 is
-    the untie step, so the resume test also crosses the untie."""
+    the untie step, so the resume test also crosses the untie. Validations (steps 0, 4, 8, 10) of 8 micro-batches
+    (--val-tokens 2048, the fewest the check of the shard allows), not 16."""
     out = tmp_path_factory.mktemp("smoke_run")
-    log_path, ckpt_dir = tg.main(_smoke_argv(smoke_data, out, "full", "--save-every", "5"))
+    log_path, ckpt_dir = tg.main(_smoke_argv(smoke_data, out, "full", "--save-every", "5", *SMOKE_RUN_VAL))
     return out, Path(log_path), Path(ckpt_dir)
 
 
@@ -201,7 +205,7 @@ def test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly(smoke_run, smoke_
     _, log_full, ckpt_full = smoke_run
     _, steps_full, vals_full = _parse(log_full)
     # no validations in the interrupted part (the resumed run's are compared; val_every may differ on resume)
-    argv = _smoke_argv(smoke_data, tmp_path, "cut", "--save-every", "5", "--val-every", "0")
+    argv = _smoke_argv(smoke_data, tmp_path, "cut", "--save-every", "5", "--val-every", "0", *SMOKE_RUN_VAL)
     proc = subprocess.Popen([sys.executable, "-c", _WAIT_AFTER_STEP_5, *argv], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=os.environ)
     lines = []
@@ -228,7 +232,7 @@ def test_ctrl_c_is_one_line_and_its_checkpoint_resumes_exactly(smoke_run, smoke_
     other = tmp_path / "ckpt" / "other" / "step_000001.tmp"
     other.mkdir(parents=True)
     log2, ckpt2 = tg.main(_smoke_argv(smoke_data, tmp_path, "cut2", "--save-every", "2", "--resume", str(ckpt),
-                                      "--keep-last", "1"))
+                                      "--keep-last", "1", *SMOKE_RUN_VAL))
     text, steps_res, vals_res = _parse(log2)
     assert tg.untie_step(tg.smoke_hyperparameters()) == 5
     assert sorted(steps_res) == list(range(6, 11))

@@ -39,7 +39,7 @@ _spec.loader.exec_module(world_sizes)
 WORLD_SIZES = (1, 2, 4, 8)
 # The smoke model with three layers instead of four: its Muon banks then hold 12 and 6 matrices, so at world
 # sizes 4 and 8 their shards are padded (and some ranks hold no matrix at all), not only the small Adam tensors.
-SMALL = {"num_layers": 3, "ve_tables": [0, -1, 0], "long_window_layers": [1, 2]}
+SMALL = {"num_layers": 3, "ve_tables": [0, -1, 0], "long_window_layers": [1, 2], "val_tokens": 2048}
 
 
 # The CPU: GPUs hidden, one thread per rank (2 cores run 8 ranks).
@@ -244,14 +244,14 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
 @pytest.mark.runs_long
 def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
     """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps (two layers) at world
-    sizes 1 and 2 (gloo), one profiled step per stage. Per world size: tokens/s per GPU, every stage's ms/step
+    sizes 1 and 2 (gloo), one profiled step per stage, a final validation of 8 micro-batches (the fewest). Per world size: tokens/s per GPU, every stage's ms/step
     and, per profiled stage, the communication time per step (none at world size 1; the gloo collectives at 2),
     its overlapped share and exposed time (busy = overlapped + exposed). The first step's train loss (before any
     update) is the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each
     as printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
     train, val = ws_data
     flags = ["--smoke", "--train-files", train, "--val-files", val, "--steps", "2", "--extension-steps", "0",
-             "--val-every", "0", *TWO_LAYER_FLAGS]
+             "--val-every", "0", "--val-tokens", "2048", *TWO_LAYER_FLAGS]
     res = subprocess.run([sys.executable, str(REPO / "records" / "world_sizes.py"), "--nproc", "1,2", "--out",
                           str(tmp_path), "--run-id", "cmp", "--profile-steps", "1", "--json", "--", *flags],
                          cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=300)
