@@ -2,7 +2,9 @@
 
 Without a GPU the Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be in the
 environment before any ``@triton.jit`` function is defined, i.e. before a ``kernels`` module is imported.
-pytest imports this file before it collects the test modules, so setting it here is early enough.
+pytest imports this file before it collects the test modules, so setting it here is early enough. The
+interpreter's repeated swapping of triton.language at every helper call is skipped here
+(``_skip_the_interpreters_repeated_patching``; tests/test_interpreter_patching.py shows it changes no bit).
 
 Parallel runs (pytest-xdist; ``pytest.ini`` asks for ``-n auto --dist loadgroup``): ``-n auto`` is decided by
 ``pytest_xdist_auto_num_workers`` below (``-n 0`` runs in one process, e.g. for a single test). Tests that share a
