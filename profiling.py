@@ -101,39 +101,39 @@ def profile(run, n_steps, device, trace):
 
 def cpu_top_level(prof):
     """The top-level CPU operators of a finished torch.profiler run, [(name, start_us, end_us)]: the CPU events of
-    ``prof.events()`` without a ``cpu_parent``, in its order, read from the profiler's raw events as
+    ``prof.events()`` without a ``cpu_parent``, in its order, read from the profiler's raw events as torch 2.13's
     ``prof.events()`` reads them (the same filter, names, times, threads, async test, sort and nesting), without
     building its Python event tree (seconds per profiled smoke step on the CPU: a CPU profile holds every operator,
     tens of thousands per step). None when torch lacks the private helpers it reuses, or the profile holds memory
     events (``prof.events()`` adds some of them as events): then ``prof.events()``. tests/test_profiling.py
     compares it with ``prof.events()``."""
+    cpu = torch.autograd.DeviceType.CPU
+    events, frontend, linked = [], [], {}  # [name, start_us, end_us, thread, cpu, sync, correlation id]
     try:
         from torch.autograd.profiler_util import (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME, _filter_name,
                                                   _rewrite_name)
         result = prof.profiler.kineto_results
-        raw, t0 = result.events(), result.trace_start_ns()
-    except (ImportError, AttributeError):
+        t0 = result.trace_start_ns()
+        for k in result.events():
+            name = k.name()
+            if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME):
+                return None
+            if _filter_name(name) or getattr(k, "is_hidden_event", lambda: False)():
+                continue
+            on_cpu = k.device_type() == cpu
+            sync = on_cpu and not (k.is_async() or k.start_thread_id() != k.end_thread_id())
+            e = [_rewrite_name(name=name, with_wildcard=True), (k.start_ns() - t0) / 1000,
+                 (k.end_ns() - t0) / 1000, k.start_thread_id(), on_cpu, sync, k.correlation_id()]
+            events.append(e)
+            corr = k.linked_correlation_id()
+            if corr > 0:
+                linked.setdefault(corr, []).append(e)
+            elif corr == 0:
+                frontend.append(e)
+            else:  # torch raises
+                return None
+    except (ImportError, AttributeError):  # a torch without these helpers or accessors
         return None
-    cpu = torch.autograd.DeviceType.CPU
-    events, frontend, linked = [], [], {}  # [name, start_us, end_us, thread, cpu, sync, correlation id]
-    for k in raw:
-        name = k.name()
-        if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME):
-            return None
-        if _filter_name(name) or getattr(k, "is_hidden_event", lambda: False)():
-            continue
-        on_cpu = k.device_type() == cpu
-        sync = on_cpu and not (k.is_async() or k.start_thread_id() != k.end_thread_id())
-        e = [_rewrite_name(name=name, with_wildcard=True), (k.start_ns() - t0) / 1000, (k.end_ns() - t0) / 1000,
-             k.start_thread_id(), on_cpu, sync, k.correlation_id()]
-        events.append(e)
-        corr = k.linked_correlation_id()
-        if corr > 0:
-            linked.setdefault(corr, []).append(e)
-        elif corr == 0:
-            frontend.append(e)
-        else:  # torch raises
-            return None
     for fe in frontend:  # a CPU event linked to a frontend operator takes that operator's thread
         if fe[5] and fe[6] in linked:
             for e in linked[fe[6]]:

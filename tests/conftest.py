@@ -2,7 +2,9 @@
 
 Without a GPU the Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be in the
 environment before any ``@triton.jit`` function is defined, i.e. before a ``kernels`` module is imported.
-pytest imports this file before it collects the test modules, so setting it here is early enough.
+pytest imports this file before it collects the test modules, so setting it here is early enough. The
+interpreter's repeated swapping of triton.language at every helper call is skipped here
+(``_skip_the_interpreters_repeated_patching``; tests/test_interpreter_patching.py shows it changes no bit).
 
 Parallel runs (pytest-xdist; ``pytest.ini`` asks for ``-n auto --dist loadgroup``): ``-n auto`` is decided by
 ``pytest_xdist_auto_num_workers`` below (``-n 0`` runs in one process, e.g. for a single test). Tests that share a
@@ -61,18 +63,22 @@ def _skip_the_interpreters_repeated_patching():
     are the same functions again. A helper called per tile and program makes that repetition the largest cost of
     an interpreted kernel test. Here such a helper call skips it; the first call of a helper that sees another
     language module, one that sees none (Triton's error) and a call outside a launch run Triton's code as before.
-    The builtins a launch swaps are looked up once per module, not by getmembers at each launch. Nothing else
-    changes: tests/test_interpreter_patching.py runs kernels with helpers both ways and compares. Returns the
-    counts of helper calls inside launches skipped and left to Triton (None where Triton's interpreter is
-    another)."""
+    The builtins a launch swaps are looked up once per module, not by getmembers at each launch, and the numpy
+    dtype of a Triton type (``_get_np_dtype``, which builds a dict of every type at each of its calls, several per
+    interpreted operation) once per type. Nothing else changes: tests/test_interpreter_patching.py runs kernels
+    both ways and compares. Returns the counts of helper calls inside launches skipped and left to Triton (None
+    where Triton's interpreter is another)."""
     try:
         import inspect
 
         import triton.language as tl
         from triton.runtime import interpreter as ti
-        patch_lang, patch_builtin, patch_attr = ti._patch_lang, ti._patch_builtin, ti._patch_attr
+        patch_lang, patch_builtin, patch_attr, np_dtype = ti._patch_lang, ti._patch_builtin, ti._patch_attr, \
+            ti._get_np_dtype
     except (ImportError, AttributeError):  # another Triton: its interpreter as it is
         return None
+    if hasattr(patch_lang, "triton"):  # installed by this file imported under another name (tests.conftest)
+        return patch_lang.counts
     launch = {"langs": None}  # the language modules the launch in progress swapped (None: no launch)
     counts = {"skipped": 0, "triton": 0}  # helper calls inside launches: skipped, and left to Triton
     langs_of, members_of = {}, {}
@@ -115,8 +121,21 @@ def _skip_the_interpreters_repeated_patching():
         for name, m in members:
             patch_attr(pkg, name, m, builder, scope)
 
-    fast_patch_lang.triton, fast_patch_builtin.triton = patch_lang, patch_builtin  # Triton's own, for the test
-    ti._patch_lang, ti._patch_builtin = fast_patch_lang, fast_patch_builtin
+    np_dtypes = {}
+
+    def fast_np_dtype(tt):  # a block's is its element's; pointers (unhashable) are Triton's to answer
+        if isinstance(tt, tl.block_type):
+            tt = tt.element_ty
+        if isinstance(tt, tl.pointer_type):
+            return np_dtype(tt)
+        if tt not in np_dtypes:
+            np_dtypes[tt] = np_dtype(tt)
+        return np_dtypes[tt]
+
+    # Triton's own, for the test
+    fast_patch_lang.triton, fast_patch_builtin.triton, fast_np_dtype.triton = patch_lang, patch_builtin, np_dtype
+    fast_patch_lang.counts = counts
+    ti._patch_lang, ti._patch_builtin, ti._get_np_dtype = fast_patch_lang, fast_patch_builtin, fast_np_dtype
     return counts
 
 

@@ -27,7 +27,7 @@ import train_gpt as tg
 from distributed import Dist
 from data import hellaswag as hs
 # the smoke data (next = prev + 7..9 (mod 511), BOS 511) and the smoke model with two layers
-from test_train_gpt import TWO_LAYER_FLAGS, _make_shard
+from test_train_gpt import SMOKE_RUN_VAL, TWO_LAYER_FLAGS, _make_shard
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -291,7 +291,7 @@ def smoke_run(tmp_path_factory):
         log_path, ckpt_dir = tg.main([
             "--smoke", "--train-files", str(d / "smoke_train_*.bin"), "--val-files", str(d / "smoke_val_*.bin"),
             "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), "--run-id", "hs",
-            "--steps", "4", "--extension-steps", "1", "--val-every", "0", "--val-tokens", "2048",
+            "--steps", "4", "--extension-steps", "1", "--val-every", "0", *SMOKE_RUN_VAL,
             "--hellaswag-every", "2", "--hellaswag-file", str(NUMBERS), *TWO_LAYER_FLAGS])
     finally:
         mp.undo()

@@ -38,16 +38,22 @@ if not HAS_CUDA:
         tl.store(out_ptr + offs, acc + tl.sum(x, axis=0), mask=mask)
 
 
+def _use_tritons_own(monkeypatch):
+    """Triton's interpreter functions in place of conftest's for the rest of the test."""
+    for name in ("_patch_lang", "_patch_builtin", "_get_np_dtype"):
+        monkeypatch.setattr(ti, name, getattr(ti, name).triton)
+        assert getattr(ti, name).__module__ == ti.__name__
+
+
 def _shortcut_and_triton(monkeypatch, run):
-    """(run() with the shortcut, run() with Triton's own _patch_lang and _patch_builtin); asserts that the first
-    skipped some helper's patching and the second skipped none."""
+    """(run() with the shortcut, run() with Triton's own _patch_lang, _patch_builtin and _get_np_dtype); asserts
+    that the first skipped some helper's patching and the second skipped none."""
     assert INTERPRETER_SHORTCUT is not None, "tests/conftest.py's shortcut is not installed"
     skipped = INTERPRETER_SHORTCUT["skipped"]
     fast = run()
     assert INTERPRETER_SHORTCUT["skipped"] > skipped, "no helper call took the shortcut: the test lost its point"
     skipped = INTERPRETER_SHORTCUT["skipped"]
-    monkeypatch.setattr(ti, "_patch_lang", ti._patch_lang.triton)
-    monkeypatch.setattr(ti, "_patch_builtin", ti._patch_builtin.triton)
+    _use_tritons_own(monkeypatch)
     slow = run()
     assert INTERPRETER_SHORTCUT["skipped"] == skipped
     return fast, slow
@@ -137,7 +143,6 @@ def test_helpers_that_see_another_language_module_or_none_are_left_to_triton(tmp
     assert (INTERPRETER_SHORTCUT["skipped"] - skipped, INTERPRETER_SHORTCUT["triton"] - left) == (1, 2)
     assert torch.equal(out, torch.clamp(x, min=0.5))
     assert "triton.language must be visible" in error, error
-    monkeypatch.setattr(ti, "_patch_lang", ti._patch_lang.triton)
-    monkeypatch.setattr(ti, "_patch_builtin", ti._patch_builtin.triton)
+    _use_tritons_own(monkeypatch)
     out_triton, error_triton = run()
     assert torch.equal(out_triton, out) and error_triton == error
