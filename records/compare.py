@@ -466,6 +466,12 @@ def collect_groups(paths, group_specs):
 # Statistics
 
 
+def _stats():
+    """scipy.stats, imported by the statistics that use it: reading and tabling logs goes without (a second)."""
+    from scipy import stats
+    return stats
+
+
 def runs_needed(mean, std, target, alpha=P_THRESHOLD, max_runs=10**9):
     """Smallest n >= 2 at which the one-sided t-test reaches p < alpha, keeping the observed mean and std.
 
@@ -482,7 +488,7 @@ def runs_needed(mean, std, target, alpha=P_THRESHOLD, max_runs=10**9):
         return 2
     d = (target - mean) / std
 
-    from scipy import stats  # here, not at the top: reading and tabling logs goes without its import (a second)
+    stats = _stats()
 
     def reaches(n):
         return d * math.sqrt(n) + stats.t.ppf(alpha, n - 1) > 0
@@ -531,8 +537,7 @@ def group_stats(runs, target):
                time_median_s=float(np.median(times)) if n else None,
                time_min_s=min(times) if n else None, time_max_s=max(times) if n else None)
     if n >= 2:
-        from scipy import stats
-        out["p_below_target"] = _quiet(stats.ttest_1samp, losses, target, alternative="less")
+        out["p_below_target"] = _quiet(_stats().ttest_1samp, losses, target, alternative="less")
         out["runs_needed"] = runs_needed(out["loss_mean"], out["loss_std"], target)
     return out
 
@@ -552,7 +557,7 @@ def compare_to_baseline(candidate_runs, baseline_runs):
     out["speedup"] = float(np.mean(bt) / np.mean(ct))
     out["loss_delta"] = float(np.mean(cl) - np.mean(bl))
     if len(cand) >= 2 and len(base) >= 2:
-        from scipy import stats
+        stats = _stats()
         out["p_time_two_sided"] = _quiet(stats.ttest_ind, ct, bt, equal_var=False)
         out["p_time_candidate_faster"] = _quiet(stats.ttest_ind, ct, bt, equal_var=False, alternative="less")
         out["p_loss_two_sided"] = _quiet(stats.ttest_ind, cl, bl, equal_var=False)
@@ -595,8 +600,7 @@ def at_step_stats(groups, steps, baseline=None):
                 continue
             row["loss_delta"] = float(np.mean(cand) - np.mean(base))
             if len(cand) >= 2 and len(base) >= 2:
-                from scipy import stats
-                row["p_loss_two_sided"] = _quiet(stats.ttest_ind, cand, base, equal_var=False)
+                row["p_loss_two_sided"] = _quiet(_stats().ttest_ind, cand, base, equal_var=False)
     return rows, warned
 
 

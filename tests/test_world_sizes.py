@@ -244,8 +244,8 @@ def test_reduce_scatters_start_during_the_backward_in_one_order(ranks):
 @pytest.mark.runs_long
 def test_world_sizes_command_on_1_and_2_cpu_ranks(ws_data, tmp_path, capsys):
     """``python records/world_sizes.py --nproc 1,2 --json -- --smoke ...``: two smoke steps (two layers) at world
-    sizes 1 and 2 (gloo), one profiled step per stage, a final validation of 8 micro-batches (the fewest). Per world size: tokens/s per GPU, every stage's ms/step
-    and, per profiled stage, the communication time per step (none at world size 1; the gloo collectives at 2),
+    sizes 1 and 2 (gloo), one profiled step per stage, a final validation of 8 micro-batches (the fewest). Per
+    world size: tokens/s per GPU, every stage's ms/step and, per profiled stage, the communication time per step (none at world size 1; the gloo collectives at 2),
     its overlapped share and exposed time (busy = overlapped + exposed). The first step's train loss (before any
     update) is the same 8 micro-losses summed in another order: rule 4, plus half a unit of the 6th decimal each
     as printed. ``--logs`` on the same logs prints the Markdown table with these numbers."""
