@@ -611,11 +611,12 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
         if head8 is None:
             raise ValueError("head_loss: the FP8 head multiplies head8 = fp8_head_weights(lm_head, FP8_W_S)")
         x8 = fp8_e4m3(xn.detach(), FP8_X_S)
+        # the gradient's scale FP8_GRAD_S / (N * SLOTS), its divisor an int: a symbolic size where N is dynamic
         if grad_in_fwd:
-            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S,
-                                           FP8_GRAD_S / (N * SLOTS), 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
-        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
-                           softcap, SOFTCAP_B, SOFTCAP_C)[0].mean()
+            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S,
+                                           1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C, N * SLOTS)[0]
+        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S, softcap,
+                           SOFTCAP_B, SOFTCAP_C, N * SLOTS)[0].mean()
     if grad_in_fwd:
         return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()

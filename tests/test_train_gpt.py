@@ -396,7 +396,7 @@ def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_dat
         w8 = tg.fp8_e4m3(w.detach(), w_s)
         return Fp8Weights(w8, w8.T.contiguous())
 
-    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C, grad_s_div):
         assert torch.equal(x8.view(torch.uint8), (x.detach() / x_s).to(torch.float8_e4m3fn).view(torch.uint8))
         seen.append((w.detach().clone(), w8, w8t))
         return (tg.softcapped_cross_entropy_ref(x.float() @ w.float(), targets, weights, A, B, C),)
@@ -1926,7 +1926,7 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
     calls = []
     for name, first in (("head_ce_grad_in_fwd", 4), ("fp8_head_ce_grad_in_fwd", 7)):  # the scalars after the tensors
         op = getattr(tg, name)
-        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:-3]))
+        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:]))
                             or op(*a))
     g = torch.Generator().manual_seed(3)
     N, C, V = 16, 32, 208  # on the CPU one interpreted program per row: 16 rows, the last K - 1 with fewer targets
@@ -1955,9 +1955,10 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
             assert torch.equal(a, b), f"{name} differs ({'fp8' if fp8 else dtype} head)"
         for name, a, b in zip(("dx", "dW"), run(True, 1.0)[1:], new[1:]):
             assert torch.equal(a, tg.SLOTS * b), f"{name} with an incoming gradient of 1 ({'fp8' if fp8 else dtype})"
-    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS,))] * 2         # two runs with grad_in_fwd per head
-    if len(heads) > 1:
-        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S / (N * tg.SLOTS), 1 / tg.SLOTS)
+    softcap = (23.0, tg.SOFTCAP_B, tg.SOFTCAP_C)
+    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS, *softcap))] * 2         # two runs with grad_in_fwd per head
+    if len(heads) > 1:  # the gradient's scale FP8_GRAD_S / (N * SLOTS), its integer divisor last
+        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S, 1 / tg.SLOTS, *softcap, N * tg.SLOTS)
         want += [("fp8_head_ce_grad_in_fwd", fp8_scales)] * 2
     assert calls == want, calls
 
