@@ -155,7 +155,7 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
-    # opt-in: no compile option (torch._dynamo.mark_dynamic on the step's inputs); the same math, one cold compile
+    # opt-in: no compile option (torch._dynamo.mark_dynamic on the step's inputs); the same math, one graph to compile
     dynamic_tokens: bool = False  # one compiled training step for every micro-batch length (T a dynamic size)
     # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
