@@ -247,8 +247,12 @@ def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, com
                                                         f"not {device.type} {hp.param_dtype})"))
     if not compiled:
         return head, embed, mlp, "not compiled"
-    return head, embed, mlp, (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public "
-                              f"rules)" if options else "none beyond fullgraph=True, dynamic=False (record #74's)")
+    compile_line = (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public rules)"
+                    if options else "none beyond fullgraph=True, dynamic=False (record #74's)")
+    if hp.dynamic_tokens:
+        compile_line += ("; train_step's micro-batch length a dynamic size, one graph for every stage "
+                         "(--dynamic-tokens: opt-in, torch._dynamo.mark_dynamic on its inputs)")
+    return head, embed, mlp, compile_line
 
 
 def log_summary(log, d, tokens, train_ms, stage_ms, matmul_weights):

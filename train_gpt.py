@@ -25,7 +25,9 @@ Compilation (CUDA): the embedding lookups run eagerly (gathers whose determinist
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
 `torch.compile(fullgraph=True, dynamic=False)` region per micro-batch length (train_step; val_step). What changes
 between steps without changing shapes is a tensor argument: the multi-token weights, the rotary tables and
-softmax scale, the windows, the document boundaries (a dynamic dimension). Attention (kernels/attention.py:
+softmax scale, the windows, the document boundaries (a dynamic dimension). With --dynamic-tokens (opt-in) the
+micro-batch length and the documents' length bound are dynamic sizes too: one training graph for every stage
+(model_inputs marks them). Attention (kernels/attention.py:
 FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
 Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
 
@@ -153,6 +155,8 @@ class Hyperparameters:
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
+    # opt-in: no compile option (torch._dynamo.mark_dynamic on the step's inputs); the same math, one graph to compile
+    dynamic_tokens: bool = False  # one compiled training step for every micro-batch length (T a dynamic size)
     # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
@@ -611,11 +615,12 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
         if head8 is None:
             raise ValueError("head_loss: the FP8 head multiplies head8 = fp8_head_weights(lm_head, FP8_W_S)")
         x8 = fp8_e4m3(xn.detach(), FP8_X_S)
+        # the gradient's scale FP8_GRAD_S / (N * SLOTS), its divisor an int: a symbolic size where N is dynamic
         if grad_in_fwd:
-            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S,
-                                           FP8_GRAD_S / (N * SLOTS), 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
-        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S / (N * SLOTS),
-                           softcap, SOFTCAP_B, SOFTCAP_C)[0].mean()
+            return fp8_head_ce_grad_in_fwd(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S,
+                                           1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C, N * SLOTS)[0]
+        return fp8_head_ce(xn, lm_head, x8, *head8, targets, weights, FP8_X_S, FP8_W_S, FP8_GRAD_S, softcap,
+                           SOFTCAP_B, SOFTCAP_C, N * SLOTS)[0].mean()
     if grad_in_fwd:
         return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
@@ -636,28 +641,52 @@ class AttnTables(NamedTuple):
     qscale: torch.Tensor  # 0-d fp32 softmax scale (YaRN grows it with the long window)
     short: torch.Tensor  # 0-d int64 CPU tensor: the short window in tokens (read by doc_attention on the host)
     long: torch.Tensor  # 0-d int64 CPU tensor: the long window in tokens
-    max_len: int  # longest document (FlashAttention's grid): max_doc_len in training, T otherwise
+    # Longest document (FlashAttention's grid): max_doc_len in training, T otherwise. An int, or (dynamic) the
+    # length of an empty (max_len, 0) CPU tensor: a size, so that the compiled step reads it as a symbol, not a
+    # constant (doc_len_bound).
+    max_len: int | torch.Tensor
 
 
-def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None):
+def doc_len_bound(tables):
+    """AttnTables.max_len as a size: the int, or the length of its (max_len, 0) tensor (symbolic when compiled)."""
+    return tables.max_len if isinstance(tables.max_len, int) else tables.max_len.shape[0]
+
+
+def attn_tables(hp, T, windows, cache, device, max_len=None, yarn_long=None, dynamic=False):
     """The AttnTables of T tokens at windows (short, long) in blocks, cached in ``cache`` per (T, windows,
-    max_len, yarn_long). max_len: the longest document the sequences can hold (default T). yarn_long: the long
-    window whose YaRN frequencies and softmax scale are used (default windows[1]; the final validation widens
-    the window without re-scaling, as the record does)."""
+    max_len, yarn_long, dynamic). max_len: the longest document the sequences can hold (default T). yarn_long: the
+    long window whose YaRN frequencies and softmax scale are used (default windows[1]; the final validation widens
+    the window without re-scaling, as the record does). dynamic (--dynamic-tokens' training step): the tables' T
+    dimension and max_len, a tensor's length, are marked dynamic (mark_tokens_dynamic) when they are made."""
     if T % BLOCK:
         raise ValueError(f"micro-batch length {T} must be a multiple of {BLOCK} (the window unit)")
     max_len = T if max_len is None else min(max_len, T)
     yarn_long = windows[1] if yarn_long is None else yarn_long
-    key = ("tables", T, tuple(windows), str(device), max_len, yarn_long)
+    key = ("tables", T, tuple(windows), str(device), max_len, yarn_long, dynamic)
     if key not in cache:
         dtype = getattr(torch, hp.param_dtype)
         freq, scale = yarn_state(hp, yarn_long)
         cos, sin = rotary_tables(hp, T, device, dtype, freq)
         pcos, psin = rotary_tables(hp, T, device, dtype, freq, paired=True) if hp.paired_layers else (None, None)
         short, long = (torch.tensor(w * BLOCK, dtype=torch.int64) for w in windows)
+        bound = max_len
+        if dynamic:
+            bound = torch.empty(max_len, 0, dtype=torch.int8)
+            mark_tokens_dynamic(cos, sin, pcos, psin, bound)
         cache[key] = AttnTables(cos, sin, pcos, psin, torch.tensor(scale, dtype=torch.float32, device=device),
-                                short, long, max_len)
+                                short, long, bound)
     return cache[key]
+
+
+def mark_tokens_dynamic(*tensors):
+    """--dynamic-tokens: dim 0 of each tensor (None: skipped), the micro-batch's T tokens or the documents' length
+    bound, a dynamic size of the compiled training step (torch._dynamo.mark_dynamic, an API call on its inputs, not
+    a compile option), so that one graph serves every stage. Every input with a T dimension must be marked: a
+    static one would make T a constant again. The region must not turn T into a Python number either (a float or
+    a grid computed from it is a guard, and a recompile, per length): tests/test_train_gpt.py counts the frames."""
+    for t in tensors:
+        if t is not None:
+            torch._dynamo.mark_dynamic(t, 0)
 
 
 def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=None, accs=None):
@@ -692,8 +721,9 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         # every document is twice as long. docs (cumulative BOS count) serves the dense CPU path only (unused,
         # and dropped by the compiler, on CUDA).
         docs = doc_ids(ids, hp.bos_id)
-        seq = DocSeq(cu, docs, tables.max_len)
-        seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * tables.max_len) if paired else None
+        max_len = doc_len_bound(tables)
+        seq = DocSeq(cu, docs, max_len)
+        seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
         # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and indexed after (the
         # sublayers' own casts are then no-ops): per use, every scalar would be a cast of its own, one tiny kernel
@@ -833,13 +863,17 @@ class ModelInputs(NamedTuple):
     tables: AttnTables
 
 
-def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, accs=None):
+def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, accs=None, dynamic=False):
     """The model's one entry, for training, validation, evaluation and sampling alike: the ModelInputs of the
     micro-batch ``batch`` at windows (short, long) in blocks; what the loader did not prepare (None) is made here
-    from the ids. yarn_long: see attn_tables. accs: see embed_inputs (the training step's only)."""
+    from the ids. yarn_long: see attn_tables. accs: see embed_inputs (the training step's only). dynamic
+    (--dynamic-tokens' training step): every input of T rows, batch.targets included, marked dynamic
+    (mark_tokens_dynamic; the tables' in attn_tables)."""
     ids = batch.ids
-    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long)
+    tables = attn_tables(hp, ids.numel(), windows, rot_cache, ids.device, batch.max_len, yarn_long, dynamic)
     e, ves, big = embed_inputs(hp, params, ids, fns.lookup, batch.prep, batch.bigram, batch.bigram_prep, accs)
+    if dynamic:
+        mark_tokens_dynamic(e, *ves, big, ids, batch.targets)
     cu = doc_cu_seqlens(ids, hp.bos_id) if batch.cu_seqlens is None else batch.cu_seqlens
     cu = cu.to(ids.device, non_blocking=True)  # the number of documents: a dynamic dimension (any count, one graph)
     torch._dynamo.mark_dynamic(cu, 0)
@@ -850,8 +884,9 @@ def model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long=None, acc
 def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_long=None, accs=None, head8=None):
     """Loss of one micro-batch (a 0-d fp32 tensor): with train, train_step's (head_loss with the multi-token
     weights mtp, (K,) fp32 on the device; head8: fns.head_operands of the current head, None: made here), else
-    val_step's (the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs."""
-    x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs)
+    val_step's (the mean next-token CE). yarn_long: see attn_tables. accs: see embed_inputs. With --dynamic-tokens
+    the training step's inputs are marked dynamic (model_inputs); val_step keeps its one static length."""
+    x = model_inputs(hp, params, fns, batch, windows, rot_cache, yarn_long, accs, dynamic=train and hp.dynamic_tokens)
     if train:
         assert mtp is not None, "forward(train=True) needs the step's multi-token weights (mtp)"
         head8 = fns.head_operands(params["lm_head"]) if head8 is None else head8
@@ -1302,9 +1337,10 @@ class Trainer:
 
 def warmup(trainer, log=None):
     """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
-    every micro-batch shape (the first stage's with and without the slow Adam groups), the untie and an untied slow
-    step, a validation micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Returns
-    [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
+    every micro-batch shape (the first stage's with and without the slow Adam groups; with --dynamic-tokens only
+    the first compiles, the others run for their first launches), the untie and an untied slow step, a validation
+    micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Returns [(phase, seconds)], each
+    also logged as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
 

@@ -209,7 +209,9 @@ _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
 # / x_s), the head's weights are small (|w| <= 1.6). The gradient scale follows the caller's loss normalisation:
 # for a loss that is the mean over N rows divided by S more (train_gpt.py: S = SLOTS micro-batches), grad_s =
 # FP8_GRAD_S / (N * S) puts the largest gradients (~1/(N * S)) near 600 in e5m2, as the record's scale does for
-# its summed loss.
+# its summed loss. The FP8 ops take it as grad_s / grad_s_div, (FP8_GRAD_S, N * S) there: an integer divisor is
+# a symbolic size in a compiled caller whose N is dynamic (train_gpt.py --dynamic-tokens), where the float
+# quotient would be a constant of the graph, guarded (one recompile per N).
 FP8_X_S, FP8_W_S, FP8_GRAD_S = 100 / 448, 1.6 / 448, 0.75 / 448
 
 
@@ -977,12 +979,12 @@ def _check_fp8_operands(x, w, x8, w8, w8t):
 @torch.library.custom_op("speedrun::fp8_head_ce", mutates_args=())
 def fp8_head_ce(x: torch.Tensor, w: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
                 targets: torch.Tensor, weights: torch.Tensor, x_s: float, w_s: float, grad_s: float, A: float,
-                B: float, C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                B: float, C: float, grad_s_div: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training head and its loss in one op: per-row losses (N,) fp32 of this module's soft-capped
     multi-token CE of the logits x (N, C) @ w (C, V), computed in FP8 (e4m3 copies x / x_s and w / w_s, fp32
     accumulation, logits in x's dtype). x8 = fp8_e4m3(x, x_s) and w8, w8t = fp8_head_weights(w, w_s) are what the
     op multiplies (x and w are not read; they take the gradients). Also returns what the backward reads: the
-    logits and the CE stats."""
+    logits and the CE stats. The backward's e5m2 gradient scale is grad_s / grad_s_div (FP8_GRAD_S)."""
     _check_fp8_operands(x, w, x8, w8, w8t)
     logits = _fp8_logits(x8, w8t, x_s, w_s, x.dtype)
     losses, stats = softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C)
@@ -996,7 +998,7 @@ def _fp8_logits(x8, w8t, x_s, w_s, dtype):
 
 
 @fp8_head_ce.register_fake
-def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C, grad_s_div=1):
     N, V = x.shape[0], w.shape[1]
     return x.new_empty(N, dtype=torch.float32), x.new_empty(N, V), x.new_empty(2, N, dtype=torch.float32)
 
@@ -1004,11 +1006,13 @@ def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
 @torch.library.custom_op("speedrun::fp8_head_ce_bwd", mutates_args=())
 def fp8_head_ce_bwd(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, targets: torch.Tensor,
                     weights: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                    A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    A: float, B: float, C: float, grad_s_div: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of fp8_head_ce. The CE backward writes the logits' gradient as e5m2 (dlogits / grad_s) in the
     two layouts the FP8 matmuls need, g8 (N, V) and g8t (V, N), with no bf16 gradient in between: the row kernel
     writes g8 and kernels.transpose copies it into g8t. dx = g @ w^T and dw = x^T @ g (C, V) come out in the logits'
-    dtype, fp32 accumulation (no fast accumulation in the backward, as in the record)."""
+    dtype, fp32 accumulation (no fast accumulation in the backward, as in the record). The scale is grad_s /
+    grad_s_div (FP8_GRAD_S)."""
+    grad_s = grad_s / grad_s_div
     g8, g8t = softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, grad_s)
     one = torch.ones((), dtype=torch.float32, device=grad.device)
     return _fp8_head_grads(g8, g8t, x8, w8, one * grad_s, x_s, w_s, logits.dtype)
@@ -1031,7 +1035,7 @@ def _transposed(t8):
 
 
 @fp8_head_ce_bwd.register_fake
-def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C):
+def _(grad, logits, stats, targets, weights, x8, w8, x_s, w_s, grad_s, A, B, C, grad_s_div=1):
     return logits.new_empty(x8.shape), logits.new_empty(w8.shape)
 
 
@@ -1044,7 +1048,7 @@ def _fp8_head_ce_setup(ctx, inputs, output):
 
 def _fp8_head_ce_backward(ctx, grad_losses, *_):
     dx, dw = fp8_head_ce_bwd(grad_losses.float(), *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 11         # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C
+    return (dx, dw) + (None,) * 12         # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C, grad_s_div
 
 
 fp8_head_ce.register_autograd(_fp8_head_ce_backward, setup_context=_fp8_head_ce_setup)
@@ -1103,13 +1107,16 @@ head_ce_grad_in_fwd.register_autograd(_head_ce_grad_in_fwd_backward, setup_conte
 @torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd", mutates_args=())
 def fp8_head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
                             targets: torch.Tensor, weights: torch.Tensor, x_s: float, w_s: float, grad_s: float,
-                            grad_scale: float, A: float, B: float, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+                            grad_scale: float, A: float, B: float, C: float,
+                            grad_s_div: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fp8_head_ce`'s head (the caller's e4m3 copies, FP8 logits in x's dtype) and the mean over rows of its
     loss, with the gradient written in the forward: (loss, g8), loss 0-d fp32, g8 (N, V) e5m2 the gradient of
-    grad_scale * loss in the logits divided by grad_s (one kernel, :func:`softcapped_cross_entropy_fwd_grad_e5m2`;
-    the logits are freed when this returns). The backward multiplies g8 by x8 and w8."""
+    grad_scale * loss in the logits divided by grad_s / grad_s_div (FP8_GRAD_S; one kernel,
+    :func:`softcapped_cross_entropy_fwd_grad_e5m2`; the logits are freed when this returns). The backward multiplies
+    g8 by x8 and w8."""
     _check_grad_scale(grad_scale)
     _check_fp8_operands(x, w, x8, w8, w8t)
+    grad_s = grad_s / grad_s_div
     logits = _fp8_logits(x8, w8t, x_s, w_s, x.dtype)
     N = logits.shape[0]
     losses, g8 = softcapped_cross_entropy_fwd_grad_e5m2(logits, targets, weights, A, B, C, grad_scale / max(N, 1),
@@ -1118,37 +1125,37 @@ def fp8_head_ce_grad_in_fwd(x: torch.Tensor, w: torch.Tensor, x8: torch.Tensor, 
 
 
 @fp8_head_ce_grad_in_fwd.register_fake
-def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C):
+def _(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C, grad_s_div=1):
     return x.new_empty((), dtype=torch.float32), x.new_empty(x.shape[0], w.shape[1], dtype=torch.float8_e5m2)
 
 
 @torch.library.custom_op("speedrun::fp8_head_ce_grad_in_fwd_bwd", mutates_args=())
 def fp8_head_ce_grad_in_fwd_bwd(grad: torch.Tensor, g8: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor,
                                 x_s: float, w_s: float, grad_s: float, grad_scale: float,
-                                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                                dtype: torch.dtype, grad_s_div: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of fp8_head_ce_grad_in_fwd for the loss's gradient ``grad`` (0-d): g8t = g8^T by kernels.transpose,
-    then :func:`fp8_head_ce_bwd`'s two FP8 matmuls with the gradient's scale grad_s * r, r = grad / grad_scale (a
-    device tensor: exactly grad_s for grad == grad_scale, and for any grad applied to the fp32 accumulator before
-    the one rounding of dx and dw to ``dtype``)."""
-    s_g = grad.float() / grad_scale * grad_s
+    then :func:`fp8_head_ce_bwd`'s two FP8 matmuls with the gradient's scale grad_s * r, grad_s here grad_s /
+    grad_s_div and r = grad / grad_scale (a device tensor: exactly grad_s for grad == grad_scale, and for any grad
+    applied to the fp32 accumulator before the one rounding of dx and dw to ``dtype``)."""
+    s_g = grad.float() / grad_scale * (grad_s / grad_s_div)
     return _fp8_head_grads(g8, _transposed(g8), x8, w8, s_g, x_s, w_s, dtype)
 
 
 @fp8_head_ce_grad_in_fwd_bwd.register_fake
-def _(grad, g8, x8, w8, x_s, w_s, grad_s, grad_scale, dtype):
+def _(grad, g8, x8, w8, x_s, w_s, grad_s, grad_scale, dtype, grad_s_div=1):
     return x8.new_empty(x8.shape, dtype=dtype), w8.new_empty(w8.shape, dtype=dtype)
 
 
 def _fp8_head_ce_grad_in_fwd_setup(ctx, inputs, output):
-    x, _, x8, w8, _, _, _, x_s, w_s, grad_s, grad_scale, *_ = inputs
+    x, _, x8, w8, _, _, _, x_s, w_s, grad_s, grad_scale, _, _, _, grad_s_div = inputs
     ctx.save_for_backward(output[1], x8, w8)
-    ctx.consts = (x_s, w_s, grad_s, grad_scale, x.dtype)
+    ctx.consts = (x_s, w_s, grad_s, grad_scale, x.dtype, grad_s_div)
     ctx.mark_non_differentiable(output[1])
 
 
 def _fp8_head_ce_grad_in_fwd_backward(ctx, grad_loss, *_):
     dx, dw = fp8_head_ce_grad_in_fwd_bwd(grad_loss, *ctx.saved_tensors, *ctx.consts)
-    return (dx, dw) + (None,) * 12         # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C
+    return (dx, dw) + (None,) * 13  # x8, w8, w8t, targets, weights, x_s, w_s, grad_s, grad_scale, A, B, C, grad_s_div
 
 
 fp8_head_ce_grad_in_fwd.register_autograd(_fp8_head_ce_grad_in_fwd_backward,

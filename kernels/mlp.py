@@ -223,8 +223,15 @@ def scratch_per_program_in_cpp_wrapper():
 
 
 def _programs(device, tiles, num_programs):
+    """The persistent grid: num_programs (default the SM count), eagerly at most one per tile. Traced by
+    torch.compile, num_programs whatever the tile count: the grid is the kernel's NUM_PROGRAMS, a compile-time
+    constant, which a min() with the tile count of a dynamic M (train_gpt.py --dynamic-tokens) would tie to M (a
+    recompile per M). Programs past the last tile find none (at the trainer's lengths the tiles outnumber the SMs:
+    the grid is the same)."""
     if num_programs is None:
         num_programs = sm_count(device, INTERPRETER_PROGRAMS)
+    if torch.compiler.is_compiling():
+        return num_programs
     return max(1, min(num_programs, tiles))
 
 

@@ -873,6 +873,28 @@ def test_fp8_head_ce_grad_in_fwd(device):
             assert_close_report(got.double(), e64, atol=bound, name=f"fp8 head {name} ({which})")
 
 
+def test_fp8_head_ops_scale_the_gradient_by_grad_s_over_grad_s_div(device):
+    """The FP8 ops' gradient scale is grad_s / grad_s_div, an integer divisor (train_gpt.py passes FP8_GRAD_S and
+    N * SLOTS: a compiled caller keeps the integer symbolic, where the float quotient would be a constant of its
+    graph): (FP8_GRAD_S, d) gives the bits of (FP8_GRAD_S / d, 1) in fp8_head_ce's loss and backward and in
+    fp8_head_ce_grad_in_fwd's loss, e5m2 gradient and backward. d = 3 * N * 8 is not a power of two: scaling by one
+    commutes with e5m2's rounding, so an op that ignored the divisor would give the same bits (as it would at the
+    trainer's N * SLOTS of stages 0 and 1). 16 rows, one interpreted program each on the CPU."""
+    x, w, t, wk = _head_case(device, N=16, V=64, dtype=torch.bfloat16, w_std=0.05)
+    d = 3 * x.shape[0] * 8
+    x8, w8s = fp8_e4m3(x.detach(), FP8_X_S), fp8_head_weights(w, FP8_W_S)
+    for name, op, scalars in (("fp8_head_ce", fp8_head_ce, ()), ("fp8_head_ce_grad_in_fwd", fp8_head_ce_grad_in_fwd,
+                                                                  (GRAD_SCALE,))):
+        runs = []
+        for grad_s, div in ((FP8_GRAD_S / d, 1), (FP8_GRAD_S, d)):
+            out = op(x, w, x8, *w8s, t, wk, FP8_X_S, FP8_W_S, grad_s, *scalars, *SOFTCAP, grad_s_div=div)
+            loss = out[0].mean()
+            runs.append([loss.detach(), *(o.view(torch.uint8) if o.dtype == torch.float8_e5m2 else o
+                                          for o in out[1:]), *torch.autograd.grad(loss, (x, w))])
+        for i, (a, b) in enumerate(zip(*runs, strict=True)):
+            assert torch.equal(a, b), f"{name}: output {i} differs with the scale's divisor given apart"
+
+
 def test_round_to_bf16_is_round_to_nearest_even():
     """round_to_bf16 against torch's fp32 -> bf16 cast (round to nearest, ties to even) on fp32 bit patterns that
     cover every case: random ones of both signs and all exponents, the exact ties (low half 0x8000) with an even and

@@ -144,6 +144,43 @@ def test_persistent_grid_size_gives_same_bits(num_programs):
     assert torch.equal(linear_relu2_bwd(g, w2, pre, num_programs=num_programs, out=nan_like(dpre)), dpre)
 
 
+def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
+    """Traced by torch.compile (train_gpt.py --dynamic-tokens: M a dynamic size), the persistent grid is the
+    program count, not min(programs, tiles): the kernel's NUM_PROGRAMS is a compile-time constant, which a tile
+    count from a symbolic M would tie to M (a recompile per M). dynamo's eager backend over the launcher's grid
+    at M = 64 (2 tiles of 64 rows, fewer than the 4 programs) and 512: 4 programs at both, one graph (the kernels
+    themselves cannot be traced on the CPU); eagerly, at most one program per tile. The extra programs find no
+    tile: a grid of more programs than tiles gives the clamped grid's bits (the test lifts the clamp)."""
+    import triton
+    import kernels.mlp as mlp
+    from compilation import unique_graphs
+
+    def grid(x):
+        return x * mlp._programs(x.device, triton.cdiv(x.shape[0], 64) * 2, 4)
+
+    torch._dynamo.reset()
+    graphs = unique_graphs()
+    try:
+        f = torch.compile(grid, backend="eager", fullgraph=True, dynamic=False)
+        for M in (64, 512):
+            x = torch.ones(M, 8)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert torch.equal(f(x), 4 * x), f"M={M}: the traced grid is not the 4 programs"
+        frames = unique_graphs() - graphs
+    finally:
+        torch._dynamo.reset()
+    assert frames == 1, f"{frames} graphs for two M"
+    assert [mlp._programs(torch.device("cpu"), t, 4) for t in (2, 16)] == [2, 4], "eagerly: one program per tile"
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    x, w, g, w2 = inputs(130, 136, 72, dtype, seed=3)  # 3 x 3 tiles of 64 x 64 (fp32), 2 x 1 of 128 x 256 (bf16)
+    pre, act = linear_relu2(x, w)
+    dpre = linear_relu2_bwd(g, w2, pre)
+    monkeypatch.setattr(mlp, "_programs", lambda device, tiles, num_programs: tiles + 3)
+    p, a = linear_relu2(x, w, out=(nan_like(pre), nan_like(act)))
+    assert torch.equal(p, pre) and torch.equal(a, act)
+    assert torch.equal(linear_relu2_bwd(g, w2, pre, out=nan_like(dpre)), dpre)
+
+
 def test_empty_and_zero_inner_dims():
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     x, w = torch.ones(0, 16, dtype=dtype, device=DEVICE), torch.ones(8, 16, dtype=dtype, device=DEVICE)

@@ -30,11 +30,12 @@ import checkpoints
 import cli
 import run_log
 import train_gpt as tg
+from compilation import unique_graphs
 from distributed import Dist
 from data.shards import load_shard, shard_files, write_shard
 from flags import field_comments
 from kernels._checks import interpreting
-from kernels.attention import doc_attention, doc_attention_bwd, doc_attention_fwd
+from kernels.attention import dense_attend, doc_attention, doc_attention_bwd, doc_attention_fwd
 from kernels.cross_entropy import Fp8Weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -400,7 +401,7 @@ def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_dat
         w8 = tg.fp8_e4m3(w.detach(), w_s)
         return Fp8Weights(w8, w8.T.contiguous())
 
-    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C):
+    def head(x, w, x8, w8, w8t, targets, weights, x_s, w_s, grad_s, A, B, C, grad_s_div):
         assert torch.equal(x8.view(torch.uint8), (x.detach() / x_s).to(torch.float8_e4m3fn).view(torch.uint8))
         seen.append((w.detach().clone(), w8, w8t))
         return (tg.softcapped_cross_entropy_ref(x.float() @ w.float(), targets, weights, A, B, C),)
@@ -1355,6 +1356,20 @@ def _python_calls(kernel, op, *args):
     return names
 
 
+def _dense_attention_grads(dy, q, k, v, docs, window, scale):
+    """(dq, dk, dv) of dense attention within the documents ``docs`` ((T,) document index per position) over the
+    window, written out in fp32 (a stand-in kernel runs below autograd), each contiguous in q's dtype."""
+    T = q.shape[0]
+    qf, kf, vf, dyf = (t.float().transpose(0, 1) for t in (q, k, v, dy))  # (H, T, D)
+    rel = torch.arange(T)[:, None] - torch.arange(T)[None]
+    mask = (rel >= 0) & (rel < window) & (docs[:, None] == docs[None])
+    p = torch.softmax((qf @ kf.transpose(1, 2) * scale).masked_fill(~mask, float("-inf")), -1)
+    dp = dyf @ vf.transpose(1, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    grads = scale * ds @ kf, scale * ds.transpose(1, 2) @ qf, p.transpose(1, 2) @ dyf
+    return tuple(t.transpose(0, 1).to(q.dtype).contiguous() for t in grads)
+
+
 def test_attention_ops_plumbing_with_cpu_stand_ins():
     """The attention ops' registration, on the CPU, with dense stand-ins registered as their CPU kernels in
     FlashAttention's place (the FlashAttention kernels themselves: the GPU tests above). doc_attention's output
@@ -1377,26 +1392,15 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
         out = tg.dense_attend(q, k, v, tg.DocSeq(cu_, docs, max_len_), int(window_), scale_).contiguous()
         return out, torch.zeros(H, T), torch.zeros(2, dtype=torch.int64)
 
-    def dense_grads(dy, q, k, v, window_, scale_):
-        """(dq, dk, dv) of dense attention, written out in fp32 (a kernel may run below autograd)."""
-        qf, kf, vf, dyf = (t.float().transpose(0, 1) for t in (q, k, v, dy))  # (H, T, D)
-        rel = torch.arange(T)[:, None] - torch.arange(T)[None]
-        mask = (rel >= 0) & (rel < window_) & (docs[:, None] == docs[None])
-        p = torch.softmax((qf @ kf.transpose(1, 2) * scale_).masked_fill(~mask, float("-inf")), -1)
-        dp = dyf @ vf.transpose(1, 2)
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-        grads = scale_ * ds @ kf, scale_ * ds.transpose(1, 2) @ qf, p.transpose(1, 2) @ dyf
-        return tuple(t.transpose(0, 1).to(q.dtype).contiguous() for t in grads)
-
     def dense_bwd(grad, q, k, v, out, lse, rng, cu_, window_, max_len_, scale_, deterministic):
         calls.append(("bwd", int(window_), max_len_, scale_, deterministic))
-        return dense_grads(grad, q, k, v, int(window_), scale_)
+        return _dense_attention_grads(grad, q, k, v, docs, int(window_), scale_)
 
     def attention(q, k, v):
         return doc_attention(q, k, v, cu, torch.tensor(window), max_len, scale)[0]
 
     y_ref = tg.dense_attend(*qkv, tg.DocSeq(cu, docs, max_len), window, scale)
-    g_ref = dense_grads(dy, *qkv, window, scale)
+    g_ref = _dense_attention_grads(dy, *qkv, docs, window, scale)
     graphs = {}
 
     def record(name):
@@ -1447,6 +1451,149 @@ def test_attention_ops_plumbing_with_cpu_stand_ins():
     finally:
         lib._destroy()
         torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------------------------------
+# --dynamic-tokens: one compiled training step for every micro-batch length
+
+
+def _first_micro_batches(hp, files):
+    """{T: (step, micro-batch)}: the loader's first micro-batch at the first step of each micro-batch length of hp's
+    schedule (what the compile warmup runs)."""
+    loader = tg.TrainLoader(hp, files, Dist(device=torch.device("cpu")), lambda s: tg.micro_tokens_at(hp, s))
+    out = {}
+    try:
+        for start, _, _ in tg.stage_bounds(hp):
+            T = tg.micro_tokens_at(hp, start)
+            if T not in out:
+                loader.rewind(start)
+                out[T] = (start, loader.next()[0])
+    finally:
+        loader.close()
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic_tokens", "static"])
+def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic):
+    """--dynamic-tokens: train_step, compiled as build_fns compiles it (fullgraph, dynamic=False), is one graph for
+    every micro-batch length of the schedule (the two-layer smoke model's: 128 and 256 tokens, at stage starts whose
+    documents are cut to 96 and 192 tokens); without the flag, one graph per length (what the flag changes). At each
+    length the compiled step's loss and gradients of every parameter are the eager step's, bit for bit.
+
+    What recompiles is dynamo's guards. With the flag the backend is aot_eager: torch.compile's tracing and AOT
+    autograd's joint forward and backward graph over fake tensors, whose symbolic sizes can add guards too, then run
+    op by op; the CPU checks that in seconds, inductor's code for symbolic sizes is the GPU's to check. Without it
+    the eager backend (dynamo's graph run as it is) suffices: static sizes add no shape guard past dynamo's. The
+    region is the CUDA one where the CPU can trace it: attention through the FlashAttention ops
+    (speedrun::doc_attention, whose fakes and autograd take the symbolic length and documents' length bound), with
+    dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
+    reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
+    Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid)."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **TWO_LAYERS,
+                                  train_files=str(smoke_data / "smoke_train_*.bin"))
+    batches = _first_micro_batches(hp, shard_files(hp.train_files))
+    assert [(T, mb.max_len) for T, (_, mb) in batches.items()] == [(128, 96), (256, 192)]
+    params = _perturbed_params(hp, seed=11)
+    bounds = []
+
+    def docs_of(cu, n):  # document index per position, from the boundaries
+        return torch.searchsorted(cu[1:-1].contiguous(), torch.arange(n, dtype=cu.dtype), right=True)
+
+    def stand_in_fwd(q, k, v, cu, window, max_len, scale):
+        assert int((cu[1:] - cu[:-1]).max()) <= max_len, "a document longer than the bound FlashAttention is given"
+        bounds.append(max_len)
+        docs = docs_of(cu, q.shape[0])
+        out = dense_attend(q, k, v, tg.DocSeq(cu, docs, max_len), int(window), scale).contiguous()
+        return out, torch.zeros(q.shape[1], q.shape[0]), torch.zeros(2, dtype=torch.int64)
+
+    def stand_in_bwd(grad, q, k, v, out, lse, rng, cu, window, max_len, scale, deterministic):
+        return _dense_attention_grads(grad, q, k, v, docs_of(cu, q.shape[0]), int(window), scale)
+
+    def attend(q, k, v, seq, window, scale):  # flash_attend's op call, in any dtype
+        return doc_attention(q, k, v, seq.cu, window, seq.max_len, scale)[0]
+
+    monkeypatch.setattr(tg, "dense_attend", attend)  # build_fns's attention on the CPU
+    eager = tg.build_fns(hp, torch.device("cpu"), compile_model=False)
+    compile_, backend = torch.compile, "aot_eager" if dynamic else "eager"
+    monkeypatch.setattr(tg.torch, "compile", lambda f, **kw: compile_(f, backend=backend, **kw))
+    compiled = tg.build_fns(hp, torch.device("cpu"), compile_model=True)
+    assert ("--dynamic-tokens" in compiled.compile_path) == dynamic
+    lib = torch.library.Library("speedrun", "IMPL")
+    lib.impl("doc_attention_fwd", stand_in_fwd, "CPU")
+    lib.impl("doc_attention_bwd", stand_in_bwd, "CPU")
+    torch._dynamo.reset()
+    graphs = unique_graphs()
+    try:
+        for T, (step, mb) in batches.items():
+            w = tg.mtp_weights_at(hp, step)
+            mtp = torch.tensor(w + (0.0,) * (3 - len(w)))  # the trainer's padding to the longest list
+            out = []
+            for fns in (eager, compiled):
+                bounds.clear()
+                loss = tg.forward(hp, params, fns, mb, tg.windows_at(hp, step), {}, train=True, mtp=mtp)
+                out.append((loss.detach(), *torch.autograd.grad(loss, list(params.values()))))
+                # the paired-head layer's interleaved sequence has documents twice as long
+                assert sorted(set(bounds)) == [mb.max_len, 2 * mb.max_len], (T, bounds)
+            for name, a, b in zip(["loss", *params], *out, strict=True):
+                assert torch.equal(a, b), f"T={T}: compiled {name} differs from eager: max |diff| " \
+                                          f"{(a - b).abs().max():.3g}"
+        frames = unique_graphs() - graphs
+    finally:
+        lib._destroy()
+        torch._dynamo.reset()
+    assert frames == (1 if dynamic else len(batches)), f"{frames} training graphs for {len(batches)} lengths"
+
+
+def test_dynamic_tokens_head_ops_take_a_symbolic_row_count(device, monkeypatch):
+    """The CUDA training head, head_loss with the FP8 head (bf16, the trainer's default on CUDA) and with its CE
+    gradient written in the forward (--ce-grad-in-forward), compiled with a dynamic row count N (--dynamic-tokens),
+    is one graph for two N, and at the second, where it runs the graph traced at the first, its loss and gradients
+    are the eager head's bit for bit. The FP8 gradient's scale FP8_GRAD_S / (N * SLOTS) reaches the ops as
+    FP8_GRAD_S and the integer N * SLOTS: a float computed from N in the graph would be a constant of it, guarded (a
+    recompile per N); the two make the trainer's scale (checked eagerly). aot_eager: the ops' fakes and the joint
+    graph over fake tensors, then the ops themselves; on the CPU torch._scaled_mm's CPU kernel and our kernels in
+    Triton's interpreter (one interpreted program per row: 8 and 16 rows; CUDA's _scaled_mm takes multiples of 16)."""
+    C, V = 32, 64
+    first, second = (16, 32) if device == "cuda" else (8, 16)
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(C, V, generator=g) * 0.05).to(device, torch.bfloat16).requires_grad_()
+    wk = torch.tensor([1.0, 0.5, 0.25], device=device)
+    head8 = tg.fp8_head_weights(w, tg.FP8_W_S)
+
+    def inputs(N):
+        x = torch.randn(N, C, generator=g).to(device, torch.bfloat16).requires_grad_()
+        t = torch.randint(0, V, (N,), generator=g).to(device)
+        tg.mark_tokens_dynamic(x, t)
+        return x, t
+
+    scales = []
+    with monkeypatch.context() as m:
+        for name in ("fp8_head_ce", "fp8_head_ce_grad_in_fwd"):  # grad_s is their tenth argument, grad_s_div last
+            m.setattr(tg, name, lambda *a, op=getattr(tg, name): scales.append(a[9] / a[-1]) or op(*a))
+        x, t = inputs(first)
+        for grad_in_fwd in (False, True):
+            tg.head_loss(x, w, t, wk, 23.0, tg.softcapped_cross_entropy, True, grad_in_fwd, head8)
+    assert scales == [tg.FP8_GRAD_S / (first * tg.SLOTS)] * 2, scales
+    for grad_in_fwd in (False, True):
+        def head(x, t):
+            return tg.head_loss(x, w, t, wk, 23.0, tg.softcapped_cross_entropy, True, grad_in_fwd, head8)
+
+        torch._dynamo.reset()
+        graphs = unique_graphs()
+        compiled = torch.compile(head, backend="aot_eager", fullgraph=True, dynamic=False)
+        try:
+            compiled(*inputs(first))  # traced here, forward and backward
+            x, t = inputs(second)
+            out = []
+            for f in (head, compiled):
+                loss = f(x, t)
+                out.append((loss.detach(), *torch.autograd.grad(loss, (x, w))))
+            for name, a, b in zip(("loss", "dx", "dW"), *out):
+                assert torch.equal(a, b), f"grad_in_fwd={grad_in_fwd}: compiled {name} differs from eager (N={second})"
+            frames = unique_graphs() - graphs
+        finally:
+            torch._dynamo.reset()
+        assert frames == 1, f"{frames} graphs of the FP8 head (grad_in_fwd={grad_in_fwd}) for two row counts"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1930,7 +2077,7 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
     calls = []
     for name, first in (("head_ce_grad_in_fwd", 4), ("fp8_head_ce_grad_in_fwd", 7)):  # the scalars after the tensors
         op = getattr(tg, name)
-        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:-3]))
+        monkeypatch.setattr(tg, name, lambda *a, op=op, name=name, first=first: calls.append((name, a[first:]))
                             or op(*a))
     g = torch.Generator().manual_seed(3)
     N, C, V = 16, 32, 208  # on the CPU one interpreted program per row: 16 rows, the last K - 1 with fewer targets
@@ -1959,9 +2106,10 @@ def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch
             assert torch.equal(a, b), f"{name} differs ({'fp8' if fp8 else dtype} head)"
         for name, a, b in zip(("dx", "dW"), run(True, 1.0)[1:], new[1:]):
             assert torch.equal(a, tg.SLOTS * b), f"{name} with an incoming gradient of 1 ({'fp8' if fp8 else dtype})"
-    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS,))] * 2         # two runs with grad_in_fwd per head
-    if len(heads) > 1:
-        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S / (N * tg.SLOTS), 1 / tg.SLOTS)
+    softcap = (23.0, tg.SOFTCAP_B, tg.SOFTCAP_C)
+    want = [("head_ce_grad_in_fwd", (1 / tg.SLOTS, *softcap))] * 2         # two runs with grad_in_fwd per head
+    if len(heads) > 1:  # the gradient's scale FP8_GRAD_S / (N * SLOTS), its integer divisor last
+        fp8_scales = (tg.FP8_X_S, tg.FP8_W_S, tg.FP8_GRAD_S, 1 / tg.SLOTS, *softcap, N * tg.SLOTS)
         want += [("fp8_head_ce_grad_in_fwd", fp8_scales)] * 2
     assert calls == want, calls
 
