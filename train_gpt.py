@@ -1494,6 +1494,8 @@ def load_model(path, d):
     ck = read_checkpoint(path, 0)
     hp = saved_hyperparameters(path, ck, Hyperparameters, Stage)
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
+    if "xsa_alpha" not in params:  # written before --xsa (checkpoints.ADDED_PARAMS): XSA off, its alpha at init
+        params["xsa_alpha"] = torch.zeros(hp.num_layers, hp.num_heads, device=d.device)
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 

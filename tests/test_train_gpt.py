@@ -910,6 +910,66 @@ def test_xsa_run_names_its_layers_in_the_log_and_trains_their_alphas(smoke_data,
     assert alpha.shape == (2, 2) and (alpha[1] != 0).all() and not alpha[0].any(), alpha
 
 
+def _without_xsa(src, dst):
+    """A copy of checkpoint folder src as a trainer from before --xsa wrote it: no xsa setting, no alpha."""
+    dst.mkdir(parents=True)
+    for f in src.glob("rank*.pt"):
+        state = torch.load(f, weights_only=False)
+        state["hyperparameters"].pop("xsa")
+        state.get("params", {}).pop("xsa_alpha", None)
+        state["optimizer"]["groups"].pop("xsa_alpha")
+        state["optimizer"].get("acc", {}).pop("xsa_alpha", None)
+        torch.save(state, dst / f.name)
+    return dst
+
+
+def test_checkpoint_from_before_xsa_resumes_bitwise_and_loads(tmp_path, device):
+    """A checkpoint without --xsa's setting and alpha (checkpoints.ADDED_SETTINGS / ADDED_PARAMS): --resume reads it
+    as --no-xsa (and refuses --xsa, naming it), load_checkpoint keeps alpha at its init and the optimizer's alpha
+    group at its reset state, and the next steps are bitwise those from the full checkpoint; load_model (--sample,
+    --hellaswag) gives alpha zero. A checkpoint lacking any other parameter is refused in one line."""
+    hp = tg.smoke_hyperparameters(adam_every=2)
+    dev = Dist(device=torch.device(device))
+    gen = torch.Generator().manual_seed(7)
+    pa = _perturbed_params(hp, seed=3, device=device)
+    with torch.no_grad():
+        pa["xsa_alpha"].zero_()  # what a --no-xsa run's alpha is
+    names = [k for k in pa if k != "xsa_alpha"]  # without --xsa no gradient reaches alpha
+    grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
+             for _ in range(3)]
+    a = tg.Optimizer(hp, pa, dev)
+    _feed(pa, grads[0], names)
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
+    full = checkpoints.save_checkpoint(tmp_path / "run", 1, pa, a, {"step": 1}, 0.0, dev, hp)
+    old = _without_xsa(full, tmp_path / "old" / "step_000001")
+    checkpoints.check_resume(hp, old, dev)
+    with pytest.raises(checkpoints.CheckpointError, match="--xsa is False in the checkpoint, True in this run"):
+        checkpoints.check_resume(dataclasses.replace(hp, xsa=True), old, dev)
+    runs = []
+    for path in (full, old):
+        params = _perturbed_params(hp, seed=4, device=device)  # other values: all must come from the checkpoint ...
+        with torch.no_grad():
+            params["xsa_alpha"].zero_()  # ... but alpha, whose init (zero) stays where the checkpoint lacks it
+        opt = tg.Optimizer(hp, params, dev)
+        checkpoints.load_checkpoint(path, params, opt, dev)
+        for step in (1, 2):
+            _feed(params, grads[step], names)
+            opt.step(tg.step_plan(hp, step), 1.2, 0.9)
+        runs.append(params)
+    for k in pa:
+        assert torch.equal(runs[0][k], runs[1][k]), f"{k} differs after resuming from the checkpoint without XSA"
+    assert not runs[1]["xsa_alpha"].any()
+    hp_old, params_old, _ = tg.load_model(old, dev)
+    assert hp_old.xsa is False and torch.equal(params_old["xsa_alpha"], torch.zeros(hp.num_layers, hp.num_heads))
+    state = torch.load(old / "rank0.pt", weights_only=False)
+    state["params"].pop("smear_gate")
+    broken = tmp_path / "broken" / "step_000001"
+    broken.mkdir(parents=True)
+    torch.save(state, broken / "rank0.pt")
+    with pytest.raises(checkpoints.CheckpointError, match="no parameter 'smear_gate' in the checkpoint"):
+        checkpoints.load_checkpoint(broken, _perturbed_params(hp, seed=4, device=device), opt, dev)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Adam every other step (the parameter table's slow rows)
 
