@@ -32,6 +32,11 @@ RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_eve
                      "dynamic_tokens")
 # Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
 RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
+# Settings that older checkpoints lack, each with the value under which this trainer computes what they computed
+# (--resume reads a missing one as it), and the parameters of those features, which such a checkpoint lacks too:
+# load_checkpoint leaves them at their initial value, the one that feature off never reads or changes.
+ADDED_SETTINGS = {"xsa": False}  # --xsa (learnable XSA), off
+ADDED_PARAMS = ("xsa_alpha",)  # its alpha, zero at init
 
 
 def fsync_dir(path):
@@ -172,11 +177,12 @@ def read_checkpoint(path, rank, mmap=False):
 
 def check_same_settings(path, saved, mine, names):
     """CheckpointError for the first hyperparameter of ``names`` (field names) whose value in this run (mine) is
-    not the checkpoint's (saved), unless RESUME_MAY_DIFFER lets it."""
+    not the checkpoint's (saved; one it lacks: ADDED_SETTINGS'), unless RESUME_MAY_DIFFER lets it."""
     for k in names:
-        if k not in RESUME_MAY_DIFFER and saved.get(k) != mine.get(k):
+        theirs = saved[k] if k in saved else ADDED_SETTINGS.get(k)
+        if k not in RESUME_MAY_DIFFER and theirs != mine.get(k):
             what = ("the stage table (STAGES) differs from the checkpoint's" if k == "stages" else
-                    f"{flag_name(k)} is {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in this run")
+                    f"{flag_name(k)} is {theirs!r} in the checkpoint, {mine.get(k)!r} in this run")
             raise CheckpointError(f"--resume {path}: {what}; a resumed run keeps the checkpoint's settings")
 
 
@@ -211,9 +217,15 @@ def check_resume(hp, path, d):
 
 def load_checkpoint(path, params, opt, d):
     """Load this rank's state (and rank 0's parameters) into params and opt; returns the state. Checked first
-    by check_resume."""
+    by check_resume. A parameter of ADDED_PARAMS that the checkpoint lacks keeps its value in params (its initial
+    one) and its optimizer state its reset one (no gradient reaches it with its feature off); any other is an
+    error."""
     mine = read_checkpoint(path, d.rank)
     p0 = mine if d.rank == 0 else read_checkpoint(path, 0)
+    missing = [k for k in params if k not in p0["params"] and k not in ADDED_PARAMS]
+    if missing:
+        raise CheckpointError(f"{path}: no parameter {missing[0]!r} in the checkpoint (written by another version of "
+                              f"train_gpt.py)")
     with torch.no_grad():
         for k, v in p0["params"].items():
             params[k].copy_(v)

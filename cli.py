@@ -184,6 +184,9 @@ def check_settings(hp, args, check_world_size, untie_step, block):
     if hp.paired_heads and hp.paired_head_layers and hp.num_heads % 2:
         raise SettingsError(f"--num-heads: paired heads need an even number, got {hp.num_heads} (or "
                             f"--no-paired-heads)")
+    if hp.xsa and not hp.xsa_layers:
+        raise SettingsError("--xsa: every attention layer has paired heads (--paired-head-layers), where XSA does not "
+                            "apply; leave out --xsa or a layer from --paired-head-layers")
     if hp.gate_dims > hp.model_dim:
         raise SettingsError(f"--gate-dims: the gates read {hp.gate_dims} dims of the residual, more than --model-dim "
                             f"{hp.model_dim}")

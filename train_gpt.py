@@ -19,7 +19,8 @@ Model: record #74's (README.md: its features and where we deviate), a straight-l
 banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
 a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
 prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
-embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...).
+embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
+beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers.
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -119,6 +120,8 @@ class Hyperparameters:
     backout_layer: int = 7  # the layer whose output (lane 0) is backed out
     fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
+    # opt-in model features (beyond record #74; off by default)
+    xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
     # schedule
     scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -179,6 +182,13 @@ class Hyperparameters:
     @property
     def paired_layers(self):
         return set(self.paired_head_layers) if self.paired_heads else set()
+
+    @property
+    def xsa_layers(self):
+        """The layers XSA acts on (none without --xsa): the attention layers without paired heads. There head h's
+        output at token t has one value vector of its own, v[t, h]; a paired head attends to the values of two heads
+        at each token (the interleaved 2T sequence), so no single v lines up with its output."""
+        return [i for i in self.attn_layers if i not in self.paired_layers] if self.xsa else []
 
 
 def smoke_hyperparameters(**overrides):
@@ -345,6 +355,7 @@ PARAMS = {
     "post_lambdas":   Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "x0_lambdas":     Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "bigram_lambdas": Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
+    "xsa_alpha":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),  # ours (--xsa), no decay
     "smear_gate":     Param(optim="adam", lr_mul=0.01, betas=(0.9, 0.99)),
     "skip_gate":      Param(optim="adam", lr_mul=0.05, betas=(0.9, 0.99)),
     "attn_gate":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
@@ -383,6 +394,9 @@ def init_params(hp, device, seed):
         "post_lambdas": post,  # sublayer output weight per lane
         "x0_lambdas": torch.zeros(L),  # weight of x0 added after each attention
         "bigram_lambdas": torch.full((L,), 0.05),  # weight of the bigram embedding per layer
+        # --xsa: per layer and head, the share tanh(alpha) of the output's own-value part removed (xsa_part); zero,
+        # so XSA starts off; the rows of layers without XSA (paired, no attention) are never read
+        "xsa_alpha": torch.zeros(L, H),
         "smear_gate": torch.zeros(1, G),  # smear gate = smear_lambda * sigmoid(e[t, :G] . w)
         "skip_gate": torch.zeros(1, G),  # skip gate = sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . w)
         "attn_gate": torch.zeros(n_attn, H, G),  # output gate per attention layer and head
@@ -498,11 +512,22 @@ def offset_keys(k, bos):
     return torch.where(stationary & ~own[:, None, None], F.pad(k[:-1], (0, 0, 0, 0, 1, 0)), k)
 
 
+XSA_V2_FLOOR = 1e-8  # v.v below this is taken as this: record #82's v / max(|v|, 1e-4), squared
+
+
+def xsa_part(y, v):
+    """y, v (T, H, D) -> (T, H, D): each head's output y[t, h] projected on its token's own value v[t, h],
+    ((y . v) / (v . v)) v, with v . v floored at XSA_V2_FLOOR. Record #82 projects on v / max(|v|, 1e-4), which is
+    the same for |v| >= 1e-4 and, below, our floor of v . v at (1e-4)^2; v = 0 gives a zero part (no NaN, and a
+    zero gradient). The reductions over D run in the tensors' dtype, as torch sums (fp32 accumulation for bf16)."""
+    return (y * v).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True).clamp_min(XSA_V2_FLOOR) * v
+
+
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
     def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
-                      paired=False, key_offset=False, bos=None):
+                      paired=False, key_offset=False, bos=None, xsa=None):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
@@ -511,7 +536,10 @@ def make_attn_sublayer(hp, attend):
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
         tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
-        bos (T,) bool)."""
+        bos (T,) bool). xsa (H,): --xsa's tanh(alpha) per head, or None; not with paired (hp.xsa_layers): each head's
+        output loses that share of its part along its token's own value v (xsa_part), before the output gate."""
+        if paired and xsa is not None:
+            raise ValueError("attn_sublayer: XSA needs one value vector per head and token (no paired heads)")
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
@@ -535,6 +563,8 @@ def make_attn_sublayer(hp, attend):
             # to keys of both); windows count tokens of the 2T sequence (half the reach).
             q, k, v = (t.reshape(2 * T, H // 2, D) for t in (q, k, v))
         y = attend(q, k, v, seq, window, 1.0).reshape(T, H, D)
+        if xsa is not None:
+            y = y - xsa.to(y.dtype)[:, None] * xsa_part(y, v)
         y = y * torch.sigmoid(h[:, :G] @ attn_gate.to(h.dtype).T)[..., None]
         return y.reshape(T, C) @ w_o.T
 
@@ -713,7 +743,7 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
     function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer)."""
     attn = make_attn_sublayer(hp, attend)
-    paired = hp.paired_layers
+    paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
@@ -741,6 +771,8 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].to(lp).unbind(0)
+        # --xsa: tanh(alpha) of every layer and head, taken in fp32 and cast once (the rows XSA skips are unread)
+        xsa = torch.tanh(params["xsa_alpha"]).to(lp).unbind(0) if xsa_layers else None
         ve_gates = params["ve_gate"].to(lp).unbind(0)
         qscale = tables.qscale.to(lp)
         G = hp.gate_dims
@@ -767,7 +799,8 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
                     out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
-                               tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos)
+                               tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
+                               xsa=xsa[i] if i in xsa_layers else None)
                 a += 1
                 inject = x0_lams[i] * x0
                 if big is not None and i > 0:  # layer 0's bigram is in the prelude
@@ -1397,6 +1430,8 @@ def train(hp, args, d):
         for name, path in (("lm_head_matmul", fns.head_path), ("embedding_backward", fns.embed_path),
                            ("mlp", fns.mlp_path), ("compile_options", fns.compile_path)):
             log(f"{name}: {path}")
+        if hp.xsa:
+            log(f"xsa: layers {', '.join(map(str, hp.xsa_layers))} (the attention layers without paired heads)")
         log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         compiling.warmup(lambda: warmup(trainer, log))
@@ -1495,6 +1530,8 @@ def load_model(path, d):
     ck = read_checkpoint(path, 0)
     hp = saved_hyperparameters(path, ck, Hyperparameters, Stage)
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
+    if "xsa_alpha" not in params:  # written before --xsa (checkpoints.ADDED_PARAMS): XSA off, its alpha at init
+        params["xsa_alpha"] = torch.zeros(hp.num_layers, hp.num_heads, device=d.device)
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 

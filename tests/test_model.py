@@ -393,9 +393,26 @@ def _sublayer_inputs(hp, T, seed):
                 vg=torch.randn(H, hp.gate_dims, generator=g, dtype=torch.float64) * 0.3)
 
 
-def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset):
+def spec_xsa_part(y, v):
+    """y, v (T, H, D): head by head, y's projection on its token's own value normalised as public record #82 does,
+    vn = v / max(|v|, 1e-4): (y . vn) vn."""
+    out = []
+    for hh in range(y.shape[1]):
+        yh, vh = y[:, hh], v[:, hh]
+        vn = vh / torch.linalg.vector_norm(vh, dim=-1, keepdim=True).clamp_min(1e-4)
+        out.append((yh * vn).sum(-1, keepdim=True) * vn)
+    return torch.stack(out, 1)
+
+
+def spec_xsa(y, v, alpha):
+    """XSA as record #82 writes it: y - tanh(alpha[h]) (y . vn) vn per head h; alpha (H,) the raw parameters."""
+    return y - torch.tanh(alpha)[:, None] * spec_xsa_part(y, v)
+
+
+def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset, xsa=None):
     """The attention sublayer written out: lambdas on the weights, QK-norm, rotary, key offset, value
-    embedding, and for paired heads the explicit interleaved sequence of record #74."""
+    embedding, and for paired heads the explicit interleaved sequence of record #74; xsa (H,): XSA's raw alphas
+    (spec_xsa; unpaired heads only) or None."""
     x, (Wq, Wk, Wv, Wo), lam = inp["x"], inp["W"], inp["lam"]
     T, C = x.shape
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
@@ -420,7 +437,10 @@ def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset):
                     k2[t, :, still] = k[t - 1, :, still]
             k = k2
         y = masked_attention(q, k, v, docs, window, scale)
+        if xsa is not None:
+            y = spec_xsa(y, v, xsa)
     else:
+        assert xsa is None, "XSA is defined for unpaired heads only"
         # new head j: old head j at position 2t, old head j + H/2 at position 2t + 1; old head h is rotated
         # as position 2t + h % 2 (record #74 rotates pairs (2j, 2j+1) before reading the memory as 2T tokens)
         Hp = H // 2
@@ -468,6 +488,157 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
     if paired or key_offset:
         plain = _spec_sublayer(hp, inp, window, scale, freq, False, False)
         assert (plain - expected).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------
+# XSA (--xsa): the sublayer and the layers against record #82's projection written again (spec_xsa)
+
+
+def test_xsa_part_matches_the_normalised_projection_for_every_size_of_v():
+    """xsa_part (the floor of v.v at 1e-8) against record #82's projection on v / max(|v|, 1e-4) in float64, for
+    values of ordinary size, just above and below |v| = 1e-4, tiny and zero: the same function (rule 1 in fp32 with
+    the spec in fp32; float64 within a few ulps), no NaN, and zero for v = 0."""
+    gen = torch.Generator().manual_seed(11)
+    T, H, D = 6, 3, 40
+    y = torch.randn(T, H, D, generator=gen, dtype=torch.float64) - 0.3
+    v = torch.randn(T, H, D, generator=gen, dtype=torch.float64) + 0.2
+    for t, size in ((1, 3e-4), (2, 1e-4 * (1 + 2 ** -20)), (3, 0.7e-4), (4, 1e-9), (5, 0.0)):
+        v[t] = v[t] / torch.linalg.vector_norm(v[t], dim=-1, keepdim=True) * size
+    spec64, spec32 = spec_xsa_part(y, v), spec_xsa_part(y.float(), v.float())
+    assert_close_report(tg.xsa_part(y, v), spec64, atol=1e-14 * spec64.abs().max().item(), name="xsa_part float64")
+    assert_matches_torch(tg.xsa_part(y.float(), v.float()), spec64, spec32, name="xsa_part fp32")
+    assert not tg.xsa_part(y, v)[5].any() and torch.isfinite(tg.xsa_part(y, v)).all()
+    assert tg.xsa_part(y, v)[4].abs().max() < 1e-9 * y[4].abs().max(), "tiny v: a part of order |v|^2 / 1e-8"
+
+
+def _xsa_hp(**overrides):
+    """A layout where every index means something else: 4 layers and 4 heads (alpha (4, 4): its transpose indexes
+    too), layer 0 paired, layer 1 without attention (attention index != layer index from layer 2 on); XSA acts on
+    layers 2 and 3."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, num_heads=4, head_dim=16,
+                                  no_attn_layers=(1,), paired_head_layers=(0,), xsa=True)
+    assert hp.xsa_layers == [2, 3] and hp.attn_layers == [0, 2, 3]
+    return dataclasses.replace(hp, **overrides)
+
+
+@pytest.mark.parametrize("key_offset", [False, True])
+def test_xsa_sublayer_and_its_gradients_match_the_spec(key_offset):
+    """The unpaired sublayer with XSA (a different alpha per head; one token with v = 0) against _spec_sublayer with
+    spec_xsa: output and the gradients of every input, alpha included (through tanh), in float64 (1e-10) and in
+    fp32 (rule 1, the spec in fp32 as torch's yardstick); alpha zero is bitwise the sublayer without XSA; the token
+    with v = 0 gets no NaN and keeps its output without XSA."""
+    hp = _xsa_hp()
+    T, window, zero_v = 128, 48, 77
+    inp = _sublayer_inputs(hp, T, seed=4)
+    inp["x"][zero_v] = 0  # normed input 0, so q, k, v = 0 there before the value embedding ...
+    inp["ve"][zero_v] = 0  # ... and after it
+    inp["alpha"] = torch.tensor([0.9, -0.6, 0.25, -1.4], dtype=torch.float64)
+    freq, scale = spec_yarn(spec_freq(hp.head_dim), 0.12, [128, 256])
+    fn = tg.make_attn_sublayer(hp, tg.dense_attend)
+    names = ["x", "Wq", "Wk", "Wv", "Wo", "lam", "ag", "ve", "vg", "alpha"]
+    dy = torch.randn(T, hp.model_dim, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+
+    def leaves(dtype):
+        return [t.to(dtype).requires_grad_() for t in [inp["x"], *inp["W"], inp["lam"], inp["ag"], inp["ve"],
+                                                       inp["vg"], inp["alpha"]]]
+
+    def ours(dtype, xsa=True, alpha=None):
+        x, wq, wk, wv, wo, lam, ag, ve, vg, a = leaves(dtype)
+        a = a if alpha is None else alpha.to(dtype).requires_grad_()
+        cos, sin = tg.rotary_tables(hp, T, torch.device("cpu"), dtype, freq.to(dtype))
+        seq = tg.DocSeq(None, tg.doc_ids(inp["ids"], hp.bos_id), None)
+        out = fn(x, wq, wk, wv, wo, lam, ag, ve, vg, cos, sin, torch.tensor(scale, dtype=dtype), seq,
+                 torch.tensor(window), key_offset=key_offset, bos=inp["ids"] == hp.bos_id,
+                 xsa=torch.tanh(a) if xsa else None)
+        grads = torch.autograd.grad(out, [x, wq, wk, wv, wo, lam, ag, ve, vg] + ([a] if xsa else []), dy.to(dtype))
+        return [out, *grads]
+
+    def spec(dtype):
+        x, wq, wk, wv, wo, lam, ag, ve, vg, a = leaves(dtype)
+        out = _spec_sublayer(hp, dict(ids=inp["ids"], x=x, W=[wq, wk, wv, wo], lam=lam, ag=ag, ve=ve, vg=vg), window,
+                             scale if dtype == torch.float64 else float(scale), freq.to(dtype), False, key_offset,
+                             xsa=a)
+        return [out, *torch.autograd.grad(out, [x, wq, wk, wv, wo, lam, ag, ve, vg, a], dy.to(dtype))]
+
+    got64, got32, ref64, ref32 = ours(torch.float64), ours(torch.float32), spec(torch.float64), spec(torch.float32)
+    for name, a64, a32, e64, e32 in zip(["out"] + ["d" + n for n in names], got64, got32, ref64, ref32):
+        assert torch.isfinite(a32).all() and torch.isfinite(a64).all(), name
+        assert_close_report(a64, e64, atol=1e-10 * max(1.0, e64.abs().max().item()), name=f"float64 xsa {name}")
+        assert_matches_torch(a32, e64, e32, name=f"fp32 xsa {name}")
+    plain = ours(torch.float64, xsa=False)
+    assert (plain[0] - got64[0]).abs().max() > 1e-2, "XSA changes the output (the comparisons would see it missing)"
+    assert torch.equal(plain[0][zero_v], got64[0][zero_v]), "v = 0: nothing to remove"
+    zero = ours(torch.float32, alpha=torch.zeros(hp.num_heads))
+    for name, z, p in zip(["out"] + ["d" + n for n in names[:-1]], zero, ours(torch.float32, xsa=False)):
+        assert torch.equal(z, p), f"alpha = 0: {name} is not bitwise the sublayer's without XSA"
+
+
+def _xsa_logits(hp, params, ids, windows=(1, 2)):
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    x = fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {}))
+    return tg.head_logits(x, params["lm_head"], hp.softcap)
+
+
+def test_xsa_layers_and_their_gradients_match_the_reference():
+    """fp32 layers + head with --xsa and an alpha of its own in every row (perturbed) against spec_forward in
+    float64 (rule 1, spec_forward in fp32 as the yardstick): the logits and the gradient of every parameter the
+    spec reads (alpha's rows of layers 2 and 3, and zero in its paired and attention-free rows); the logits move
+    away from --no-xsa's. A tanh left out, another sign, alpha read by attention index or transposed, or XSA in the
+    paired layer is off by far more than the bound."""
+    hp = _xsa_hp()
+    params = perturbed(hp, seed=12)
+    ids, windows = _ids(hp, 256, seed=13), (1, 2)
+    dlogits = torch.randn(256, hp.vocab_size, generator=torch.Generator().manual_seed(14))
+    ours = _xsa_logits(hp, params, ids, windows)
+    grads = dict(zip(params, torch.autograd.grad(ours, list(params.values()), dlogits, allow_unused=True)))
+    P64 = {k: v.detach().double().requires_grad_() for k, v in params.items()}
+    P32 = {k: v.detach().float().requires_grad_() for k, v in params.items()}
+    ref64, ref32 = spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows)
+    assert_matches_torch(ours.detach(), ref64.detach(), ref32.detach(), name="logits with xsa")
+    g64 = dict(zip(P64, torch.autograd.grad(ref64, list(P64.values()), dlogits.double(), allow_unused=True)))
+    g32 = dict(zip(P32, torch.autograd.grad(ref32, list(P32.values()), dlogits, allow_unused=True)))
+    for k in params:
+        if g64[k] is None:  # the spec does not read it (the embedding tables are looked up by index: it does)
+            assert grads[k] is None or not grads[k].any(), k
+            continue
+        assert_matches_torch(grads[k], g64[k], g32[k], name=f"d{k} with xsa")
+    assert grads["xsa_alpha"][[2, 3]].abs().min() > 0 and not grads["xsa_alpha"][[0, 1]].any()
+    off = _xsa_logits(dataclasses.replace(hp, xsa=False), params, ids, windows)
+    assert (off - ours).abs().max() > 1e-2, "--xsa does not change the logits"
+
+
+def test_xsa_reads_only_its_layers_rows_and_alpha_zero_is_off():
+    """Bitwise: --xsa with alpha zero gives --no-xsa's logits; so does --xsa with alpha nonzero in the rows of the
+    paired layer 0 and the attention-free layer 1 only; --no-xsa ignores alpha whatever its values."""
+    hp = _xsa_hp()
+    params = perturbed(hp, seed=15)
+    ids = _ids(hp, 256, seed=16)
+    with torch.no_grad():
+        off = _xsa_logits(dataclasses.replace(hp, xsa=False), params, ids)
+        params["xsa_alpha"][2:] = 0
+        assert torch.equal(_xsa_logits(hp, params, ids), off), "alpha of a layer without XSA was read"
+        params["xsa_alpha"].zero_()
+        assert torch.equal(_xsa_logits(hp, params, ids), off), "alpha zero is not bitwise --no-xsa"
+        assert torch.equal(_xsa_logits(dataclasses.replace(hp, xsa=False), params, ids), off)
+
+
+def test_xsa_layers_come_from_the_layout():
+    """XSA's layers: the attention layers without paired heads, from the flags (none without --xsa); all attention
+    layers with --no-paired-heads; an --xsa that acts nowhere is refused in one line, and the sublayer refuses XSA
+    with paired heads."""
+    hp = tg.Hyperparameters(xsa=True)
+    assert hp.xsa_layers == [1, 3, 4, 7, 8, 10]
+    assert tg.Hyperparameters().xsa_layers == []
+    assert dataclasses.replace(hp, paired_heads=False).xsa_layers == [0, 1, 2, 3, 4, 5, 7, 8, 9, 10]
+    assert _xsa_hp(paired_head_layers=(0, 3)).xsa_layers == [2]
+    args, hp = cli.parse_args(["--smoke", "--xsa"], tg.Hyperparameters, tg.smoke_hyperparameters)
+    assert hp.xsa and hp.xsa_layers == [1, 3]
+    args, hp = cli.parse_args(["--smoke", "--xsa", "--paired-head-layers", "0,1,2,3"], tg.Hyperparameters,
+                              tg.smoke_hyperparameters)
+    with pytest.raises(tg.SettingsError, match="--xsa: every attention layer has paired heads"):
+        cli.check_settings(hp, args, tg.check_world_size, tg.untie_step, tg.BLOCK)
+    with pytest.raises(ValueError, match="XSA needs one value vector per head and token"):
+        tg.make_attn_sublayer(hp, tg.dense_attend)(*[None] * 14, paired=True, xsa=torch.zeros(hp.num_heads))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -521,7 +692,8 @@ def spec_forward(hp, P, ids, windows):
                        vg=P["ve_gate"][vg] if t >= 0 else torch.zeros(H, G, dtype=dt))
             vg += t >= 0
             out = _spec_sublayer(hp, inp, 128 * windows[1 if long else 0], scale, freq, paired,
-                                 hp.key_offset and long and not paired)
+                                 hp.key_offset and long and not paired,
+                                 xsa=P["xsa_alpha"][i] if hp.xsa and not paired else None)
             inject = x0l[i] * x0 + (bl[i] * big if big is not None and i > 0 else 0)
             if lane1 is None:
                 lane0 = resid[i, 0] * lane0 + out + inject
@@ -550,6 +722,9 @@ def perturbed(hp, seed):
             p[k].copy_(torch.randn(p[k].shape, generator=g) * 0.3)
         p["mlp_bank"][1::2] = torch.randn(p["mlp_bank"][1::2].shape, generator=g) * hp.mlp_dim ** -0.5
         p["bigram_lambdas"].add_(torch.rand(hp.num_layers, generator=g) * 0.3)
+        # --xsa's alphas, distinct per layer and head, in every row (the rows XSA skips must stay unread); from a
+        # generator of their own, so the other tensors keep their values
+        p["xsa_alpha"].copy_(torch.randn(p["xsa_alpha"].shape, generator=torch.Generator().manual_seed(seed + 2)))
         p["x0_lambdas"].copy_(torch.rand(hp.num_layers, generator=g) * 0.5)
         for k in ("resid_lambdas", "post_lambdas"):
             p[k].add_(torch.randn(p[k].shape, generator=g) * 0.2)
@@ -642,16 +817,21 @@ def _float_casts_traced(hp, T=256):
     return casts
 
 
-def test_layers_cast_each_scalar_and_gate_table_once():
+@pytest.mark.parametrize("xsa", [False, True])
+def test_layers_cast_each_scalar_and_gate_table_once(xsa):
     """bf16 layers: the fp32 scalar and gate tables are cast to the lanes' dtype once per micro-step, whatever the
     depth, rather than once per use (each per-use cast of a scalar is a tiny kernel of its own in the compiled
-    forward and one more in its backward): the traced graph of 4 and of 6 layers holds the same number of casts."""
+    forward and one more in its backward): the traced graph of 4 and of 6 layers holds the same number of casts.
+    With --xsa (alpha's tanh table: one cast more), traced as one full graph as the compiled step is."""
     counts = []
     for layers in (4, 6):
         hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
-                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,))
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,), xsa=xsa)
         counts.append(_float_casts_traced(hp))
     assert counts[0] == counts[1], f"float casts in the traced layers: {counts[0]} at 4 layers, {counts[1]} at 6"
+    if xsa:
+        assert counts[0] == _float_casts_traced(dataclasses.replace(hp, num_layers=4, xsa=False,
+                                                                    ve_tables=(0, -1, -1, 0))) + 1
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -881,12 +1061,15 @@ def test_disable_flag_parses_and_trains(feature, device):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="FlashAttention runs on CUDA only")
-@pytest.mark.parametrize("paired,key_offset,with_ve", [(True, False, True), (False, True, True), (False, False, False)])
-def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key_offset, with_ve):
+@pytest.mark.parametrize("paired,key_offset,with_ve,xsa", [(True, False, True, False), (False, True, True, False),
+                                                         (False, False, False, False), (False, True, True, True),
+                                                         (False, False, False, True)])
+def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key_offset, with_ve, xsa):
     """The GPU form of the sublayer (compiled, speedrun::doc_attention over the documents of the sequence, or of
     the interleaved 2T sequence for paired heads), bf16 forward and backward, against the dense sublayer
     (rule 1 with the dense one in float64 and bf16). Without a value embedding, v reaches the op as a strided
-    view of the fused projection's output, and dv comes back through the op's fake layout."""
+    view of the fused projection's output, and dv comes back through the op's fake layout. xsa: --xsa's part
+    (tanh(alpha) per head, alpha a leaf) in the compiled region, dalpha too."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=64)
     hp = dataclasses.replace(hp, model_dim=256)
     T, window = 512, 128
@@ -902,18 +1085,23 @@ def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key
 
     def run(fn, dtype):
         cos, sin = tg.rotary_tables(hp, T, dev, dtype, freq, paired=paired)
+        alpha = torch.tensor([0.9, -0.6, 0.25, -1.4], dtype=torch.float64)
         leaves = [inp["x"], *inp["W"], inp["lam"], inp["ag"]] + ([inp["ve"], inp["vg"]] if with_ve else [])
-        leaves = [t.to(dev, dtype).requires_grad_() for t in leaves]
-        out = fn(*leaves, *([] if with_ve else [None, None]), cos, sin, torch.tensor(scale, device=dev), seq,
-                 torch.tensor(window), paired=paired, key_offset=key_offset, bos=ids == hp.bos_id)
+        leaves = [t.to(dev, dtype).requires_grad_() for t in leaves + ([alpha] if xsa else [])]
+        ins = leaves[:-1] if xsa else leaves
+        out = fn(*ins, *([] if with_ve else [None, None]), cos, sin, torch.tensor(scale, device=dev), seq,
+                 torch.tensor(window), paired=paired, key_offset=key_offset, bos=ids == hp.bos_id,
+                 xsa=torch.tanh(leaves[-1]) if xsa else None)
         dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev, dtype)
         return [out, *torch.autograd.grad(out, leaves, dy)]
 
     got, ref64, ref_lp = run(ours, torch.bfloat16), run(dense, torch.float64), run(dense, torch.bfloat16)
-    names = ["out", "dx", "dWq", "dWk", "dWv", "dWo", "dlam", "dgate", "dve", "dvegate"]
-    assert len(got) == len(names) - (0 if with_ve else 2)
+    names = ["out", "dx", "dWq", "dWk", "dWv", "dWo", "dlam", "dgate"] + (["dve", "dvegate"] if with_ve else [])
+    names += ["dalpha"] if xsa else []
+    assert len(got) == len(names)
     for name, a, e, l in zip(names, got, ref64, ref_lp):
-        assert_matches_torch(a, e, l, name=f"sublayer {name} paired={paired} key_offset={key_offset} ve={with_ve}")
+        assert_matches_torch(a, e, l, name=f"sublayer {name} paired={paired} key_offset={key_offset} ve={with_ve} "
+                                           f"xsa={xsa}")
 
 
 def test_fused_mlp_sublayer_matches_the_composite(device):

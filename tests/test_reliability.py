@@ -295,6 +295,7 @@ BAD_SETTINGS = [
     (["--skip-from", "2", "--skip-to", "1"], "--skip-from 2 must come before --skip-to 1"),
     (["--num-heads", "3"], "--num-heads 3 x --head-dim 32 must equal --model-dim 64"),
     (["--num-heads", "1", "--head-dim", "64"], "--num-heads: paired heads need an even number, got 1"),
+    (["--xsa", "--paired-head-layers", "0,1,2,3"], "--xsa: every attention layer has paired heads"),
     (["--model-dim", "60", "--head-dim", "30"], "--head-dim: must be a multiple of 4"),
     (["--param-dtype", "foo"], "--param-dtype: 'foo' is not one of bfloat16, float32"),
     (["--final-long-window", "0"], "--final-long-window: must be >= 1, got 0"),
@@ -406,6 +407,7 @@ def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
     (["--steps", "12"], "--steps is 8 in the checkpoint, 12 in this run"),
     (["--seed", "1"], "--seed is 0 in the checkpoint, 1 in this run"),
     (["--no-smear"], "--smear is True in the checkpoint, False in this run"),
+    (["--xsa"], "--xsa is False in the checkpoint, True in this run"),
     # a flag given is named before the settings it leaves inconsistent (check_settings would name --long-window-layers
     # or --ve-tables) and before the settings that derive from it
     (["--num-layers", "3"], "--num-layers is 4 in the checkpoint, 3 in this run"),

@@ -662,7 +662,8 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data
     # with the accumulate mode (CUDA, --embed-grad-to-acc): the tables' (their accumulators are complete only after
     # the backward) and, while tied, the head's (step() first folds the embedding's accumulator into it)
     late = {"value_embeds", "bigram_embed", "lm_head"} if tr.fns.embed_accs else set()
-    assert started == set(tg.PARAMS) - {"embed"} - late, started
+    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
+    assert started == set(tg.PARAMS) - {"embed", "xsa_alpha"} - late, started
     # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
     w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
     row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
@@ -696,6 +697,8 @@ def _perturbed_params(hp, seed, device="cpu"):
         p["resid_lambdas"].add_(torch.randn(p["resid_lambdas"].shape, generator=g) * 0.1)
         p["post_lambdas"].add_(torch.randn(p["post_lambdas"].shape, generator=g) * 0.1)
         p["scalars"] += 0.2  # attention lambdas, smear (0 at init: no smear gradient), backout, skip
+        # --xsa's alphas; a generator of their own, so the other tensors keep their values
+        p["xsa_alpha"].copy_(torch.randn(p["xsa_alpha"].shape, generator=torch.Generator().manual_seed(seed + 2)))
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
@@ -714,8 +717,9 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
     The halves start with BOS, so the document mask separates them in the joint batch too; only the rotary
     positions differ (angles up to 256 rad in fp32: ~2^-24*256 = 1.5e-5 absolute), hence 2e-4 x max|grad|
     for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error). Every model feature
-    is on: smear, key offset and the bigram hash do not read across a BOS, so the cut cannot matter."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32")
+    is on, --xsa too (so every parameter has a gradient): smear, key offset and the bigram hash do not read across
+    a BOS, so the cut cannot matter."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", xsa=True)
     T = 128
     ids, targets = _batch(hp, 2 * T, seed=5, n_docs=4)
     ids[T] = hp.bos_id
@@ -765,11 +769,15 @@ RECORD_ADAM = {
     "bigram_lambdas": (1.0, (0.9, 0.95), 0.0), "resid_lambdas": (5.0, (0.9, 0.95), 0.0),
     "value_embeds": (75.0, (0.75, 0.95), 5.0), "embed": (1.0, (0.5, 0.95), 150.0),
 }
+# Our Adam rows beyond record #74's, the same way: --xsa's alpha, like the record's other per-layer scalar rows
+# (post_lambdas, x0_lambdas, bigram_lambdas) and without decay.
+OURS_ADAM = {"xsa_alpha": (1.0, (0.9, 0.95), 0.0)}
+ADAM_TABLE = RECORD_ADAM | OURS_ADAM
 
 
 def test_parameter_table_is_the_records():
-    assert {n for n, p in tg.PARAMS.items() if p.optim == "adam"} == set(RECORD_ADAM)
-    for name, (lr_mul, betas, wd_mul) in RECORD_ADAM.items():
+    assert {n for n, p in tg.PARAMS.items() if p.optim == "adam"} == set(ADAM_TABLE)
+    for name, (lr_mul, betas, wd_mul) in ADAM_TABLE.items():
         p = tg.PARAMS[name]
         assert (p.lr_mul, tuple(p.betas), p.wd_mul) == (lr_mul, betas, wd_mul), name
     hp = tg.Hyperparameters()
@@ -824,7 +832,7 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     untied = tg.step_plan(hp, 0)._replace(tied=False)
     gen = torch.Generator().manual_seed(22)
     spec = {}
-    for k, (lr_mul, (b1, b2), wd_mul) in RECORD_ADAM.items():
+    for k, (lr_mul, (b1, b2), wd_mul) in ADAM_TABLE.items():
         w = params[k].detach().double().cpu()
         spec[k] = dict(w=w, m=torch.zeros_like(w), v=torch.zeros_like(w), lr_mul=lr_mul, b1=b1, b2=b2, wd=wd_mul)
     shrunk = {}
@@ -847,6 +855,126 @@ def test_adam_update_follows_the_table_with_cautious_decay(device):
     assert 0.1 < shrunk["value_embeds"] < 0.9  # the mask decides for a sizeable share of the elements
 
 
+def test_xsa_alpha_steps_without_weight_decay(device):
+    """--xsa's alpha takes the plain Adam step (lr_mul 1, betas (0.9, 0.95)) and no decay, even with a decay rate
+    that would move it by 0.4% per step (adam_wd 10) where the cautious rule applies: alpha 0.5 and a positive
+    gradient, so the step shrinks every element. Against Adam written in float64 (the same bound as the table's
+    test); a decay of alpha would be off by ~2e-3, thousands of times the bound."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", adam_every=1, adam_wd=10.0, xsa=True)
+    params = _perturbed_params(hp, seed=23, device=device)
+    with torch.no_grad():
+        params["xsa_alpha"].fill_(0.5)
+    opt = tg.Optimizer(hp, params, Dist(device=torch.device(device)))
+    gen = torch.Generator().manual_seed(24)
+    w = torch.full(params["xsa_alpha"].shape, 0.5, dtype=torch.float64)
+    m, v = torch.zeros_like(w), torch.zeros_like(w)
+    for t, factor in ((1, 1.0), (2, 0.7)):
+        g = (torch.rand(w.shape, generator=gen) + 0.5) * 1e-2
+        _feed(params, {"xsa_alpha": g.to(device)}, ["xsa_alpha"])
+        opt.step(tg.step_plan(hp, t - 1), factor, 0.9)
+        lr = hp.adam_lr * factor
+        m, v = 0.9 * m + 0.1 * g.double(), 0.95 * v + 0.05 * g.double() ** 2
+        w = w - lr * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.95 ** t)).sqrt() + hp.adam_eps)
+    assert_close_report(params["xsa_alpha"], w, atol=16 * 2 ** -24 * (0.5 + hp.adam_lr), name="alpha after two steps")
+
+
+def test_without_xsa_alpha_is_in_the_table_and_the_checkpoint_and_stays_zero(smoke_data, device, tmp_path):
+    """--no-xsa (the default): alpha is a parameter like any other (its PARAMS row, its optimizer group, its
+    checkpoint key: the table and a checkpoint's keys do not depend on the flags), but the layers never read it, so
+    it gets no gradient and two training steps leave it, its accumulator and its Adam moments zero."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=1)
+    assert not hp.xsa and hp.xsa_layers == []
+    d = Dist(device=torch.device(device))
+    tr = tg.Trainer(hp, d, shard_files(hp.train_files), shard_files(hp.val_files))
+    try:
+        g = tr.opt.groups["xsa_alpha"]
+        assert tr.params["xsa_alpha"].shape == (hp.num_layers, hp.num_heads) and not g.muon and g.slow
+        for step in range(2):
+            tr.train_step(step, want_loss=False)
+    finally:
+        tr.loader.close()
+    assert not tr.params["xsa_alpha"].any() and not g.acc.any() and not g.exp_avg.any() and not g.exp_avg_sq.any()
+    assert not torch.equal(tr.params["attn_bank"], tr.initial["attn_bank"])
+    path = checkpoints.save_checkpoint(tmp_path, 2, tr.params, tr.opt, tr.loader.state, 0.0, d, hp)
+    state = torch.load(path / "rank0.pt", weights_only=False)
+    assert list(state["params"]) == list(tg.PARAMS) and list(state["optimizer"]["groups"]) == list(tg.PARAMS)
+    assert state["hyperparameters"]["xsa"] is False and not state["params"]["xsa_alpha"].any()
+
+
+def test_xsa_run_names_its_layers_in_the_log_and_trains_their_alphas(smoke_data, tmp_path):
+    """A short --xsa run (two layers: layer 0 paired, layer 1 not): the header's hyperparameters say xsa true, a log
+    line names the layers XSA acts on, and the final checkpoint's alpha moved in layer 1's row only."""
+    log_path, ckpt_dir = tg.main(_smoke_argv(smoke_data, tmp_path, "xsa", *TWO_LAYER_FLAGS, "--xsa", "--steps", "2",
+                                             "--extension-steps", "0", "--val-every", "0"))
+    text = Path(log_path).read_text()
+    header = text.split("\n" + "=" * 100 + "\n")[1]
+    assert json.loads(header.split("hyperparameters: ", 1)[1].splitlines()[0])["xsa"] is True
+    assert "\nxsa: layers 1 (the attention layers without paired heads)\n" in text
+    alpha = torch.load(ckpt_dir / "step_000002" / "rank0.pt", weights_only=False)["params"]["xsa_alpha"]
+    assert alpha.shape == (2, 2) and (alpha[1] != 0).all() and not alpha[0].any(), alpha
+
+
+def _without_xsa(src, dst):
+    """A copy of checkpoint folder src as a trainer from before --xsa wrote it: no xsa setting, no alpha."""
+    dst.mkdir(parents=True)
+    for f in src.glob("rank*.pt"):
+        state = torch.load(f, weights_only=False)
+        state["hyperparameters"].pop("xsa")
+        state.get("params", {}).pop("xsa_alpha", None)
+        state["optimizer"]["groups"].pop("xsa_alpha")
+        state["optimizer"].get("acc", {}).pop("xsa_alpha", None)
+        torch.save(state, dst / f.name)
+    return dst
+
+
+def test_checkpoint_from_before_xsa_resumes_bitwise_and_loads(tmp_path, device):
+    """A checkpoint without --xsa's setting and alpha (checkpoints.ADDED_SETTINGS / ADDED_PARAMS): --resume reads it
+    as --no-xsa (and refuses --xsa, naming it), load_checkpoint keeps alpha at its init and the optimizer's alpha
+    group at its reset state, and the next steps are bitwise those from the full checkpoint; load_model (--sample,
+    --hellaswag) gives alpha zero. A checkpoint lacking any other parameter is refused in one line."""
+    hp = tg.smoke_hyperparameters(adam_every=2)
+    dev = Dist(device=torch.device(device))
+    gen = torch.Generator().manual_seed(7)
+    pa = _perturbed_params(hp, seed=3, device=device)
+    with torch.no_grad():
+        pa["xsa_alpha"].zero_()  # what a --no-xsa run's alpha is
+    names = [k for k in pa if k != "xsa_alpha"]  # without --xsa no gradient reaches alpha
+    grads = [{k: (torch.randn(v.shape, generator=gen) * 1e-2).to(device, v.dtype) for k, v in pa.items()}
+             for _ in range(3)]
+    a = tg.Optimizer(hp, pa, dev)
+    _feed(pa, grads[0], names)
+    a.step(tg.step_plan(hp, 0), 1.0, 0.9)
+    full = checkpoints.save_checkpoint(tmp_path / "run", 1, pa, a, {"step": 1}, 0.0, dev, hp)
+    old = _without_xsa(full, tmp_path / "old" / "step_000001")
+    checkpoints.check_resume(hp, old, dev)
+    with pytest.raises(checkpoints.CheckpointError, match="--xsa is False in the checkpoint, True in this run"):
+        checkpoints.check_resume(dataclasses.replace(hp, xsa=True), old, dev)
+    runs = []
+    for path in (full, old):
+        params = _perturbed_params(hp, seed=4, device=device)  # other values: all must come from the checkpoint ...
+        with torch.no_grad():
+            params["xsa_alpha"].zero_()  # ... but alpha, whose init (zero) stays where the checkpoint lacks it
+        opt = tg.Optimizer(hp, params, dev)
+        checkpoints.load_checkpoint(path, params, opt, dev)
+        for step in (1, 2):
+            _feed(params, grads[step], names)
+            opt.step(tg.step_plan(hp, step), 1.2, 0.9)
+        runs.append(params)
+    for k in pa:
+        assert torch.equal(runs[0][k], runs[1][k]), f"{k} differs after resuming from the checkpoint without XSA"
+    assert not runs[1]["xsa_alpha"].any()
+    hp_old, params_old, _ = tg.load_model(old, dev)
+    assert hp_old.xsa is False and torch.equal(params_old["xsa_alpha"], torch.zeros(hp.num_layers, hp.num_heads))
+    state = torch.load(old / "rank0.pt", weights_only=False)
+    state["params"].pop("smear_gate")
+    broken = tmp_path / "broken" / "step_000001"
+    broken.mkdir(parents=True)
+    torch.save(state, broken / "rank0.pt")
+    with pytest.raises(checkpoints.CheckpointError, match="no parameter 'smear_gate' in the checkpoint"):
+        checkpoints.load_checkpoint(broken, _perturbed_params(hp, seed=4, device=device), opt, dev)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Adam every other step (the parameter table's slow rows)
 
@@ -861,7 +989,7 @@ def test_slow_adam_schedule():
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
     smoke = tg.smoke_hyperparameters()
     groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), Dist()).groups
     assert {n for n, g in groups.items() if g.slow} == adam
@@ -877,7 +1005,7 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
     hp = tg.Hyperparameters()
     muon = {"attn_bank", "mlp_bank"}
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
     tables = {"embed", "value_embeds", "bigram_embed"}
     for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
                              (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
@@ -1096,7 +1224,8 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, small_vocab_data, dev
     assert all(not torch.equal(off.params[k], off.initial[k]) for k in tables | {"lm_head"})
     # Who started the due reduce-scatters at the slow step: the hooks for every table in the default mode
     # (while tied the embedding's is the head's); step() for the tables with the flag (and the head while tied).
-    region = set(tg.PARAMS) - tables - {"lm_head"}
+    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
+    region = set(tg.PARAMS) - tables - {"lm_head", "xsa_alpha"}
     assert started_off[1] == region | {"lm_head"} | tables - ({"embed"} if tied else set())
     assert started_on[1] == region | (set() if tied else {"lm_head"})
 

@@ -85,8 +85,10 @@ def main(out, train, val, overrides):
         setattr(dist, op, record)
 
     def slot_sum(name):
-        """World size 1's accumulator of `name` for this step: its 8 micro-gradients added in slot order, fp32."""
-        mine = torch.stack([micro[name] for micro in grads[-1]])
+        """World size 1's accumulator of `name` for this step: its 8 micro-gradients added in slot order, fp32 (zero
+        for a parameter no backward reaches: --xsa's alpha without --xsa)."""
+        zero = torch.zeros(opt.groups[name].param.shape, dtype=torch.float32, device=d.device)
+        mine = torch.stack([micro.get(name, zero) for micro in grads[-1]])
         parts = [torch.empty_like(mine) for _ in range(d.world)]
         at["recording"] = False  # the test's own collectives are not the trainer's
         if d.world > 1:
