@@ -313,8 +313,7 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
         assert torch.equal(a, e), f"{name}: the C++ wrapper's launch differs from eager (max {(a - e).abs().max()})"
     code = "\n".join(code)
     assert "cpp_wrapper_src" in code and "_linear_relu2_bwd_kernel" in code, "no C++ wrapper, or no backward launch"
-    programs = min(torch.cuda.get_device_properties(DEVICE).multi_processor_count,
-                   -(-M // CONFIGS[("fwd", 2)][0]) * -(-512 // CONFIGS[("fwd", 2)][1]))
+    programs = torch.cuda.get_device_properties(DEVICE).multi_processor_count  # traced: the SM count (_programs)
     sizes = re.findall(r"int64_t global_scratch\w*_size\[\] = \{([^}]*)\}", code)
     assert len(sizes) >= 2, f"no global scratch allocated for the two launches: {sizes}"
     for size in sizes:

@@ -1064,12 +1064,15 @@ def test_disable_flag_parses_and_trains(feature, device):
 @pytest.mark.parametrize("paired,key_offset,with_ve,xsa", [(True, False, True, False), (False, True, True, False),
                                                          (False, False, False, False), (False, True, True, True),
                                                          (False, False, False, True)])
-def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key_offset, with_ve, xsa):
+def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key_offset, with_ve, xsa, monkeypatch):
     """The GPU form of the sublayer (compiled, speedrun::doc_attention over the documents of the sequence, or of
     the interleaved 2T sequence for paired heads), bf16 forward and backward, against the dense sublayer
     (rule 1 with the dense one in float64 and bf16). Without a value embedding, v reaches the op as a strided
     view of the fused projection's output, and dv comes back through the op's fake layout. xsa: --xsa's part
-    (tanh(alpha) per head, alpha a leaf) in the compiled region, dalpha too."""
+    (tanh(alpha) per head, alpha a leaf) in the compiled region, dalpha too. dalpha[h] = -sech^2(alpha[h]) *
+    sum over tokens and dims of g * part (g: the gradient of y - tanh(alpha) * part), T * D = 32768 terms that
+    cancel: its scale is the magnitude of those terms (the policy's scale for sums of products), read from the
+    dense float64 run (the gradient reaching part is -tanh(alpha) * g)."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=64)
     hp = dataclasses.replace(hp, model_dim=256)
     T, window = 512, 128
@@ -1083,7 +1086,15 @@ def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key
     docs = tg.doc_ids(ids, hp.bos_id)
     seq = (tg.DocSeq(2 * cu, docs.repeat_interleave(2), 2 * T) if paired else tg.DocSeq(cu, docs, T))
 
+    parts = []
+
+    def xsa_part(y, v):  # tg.xsa_part, keeping the part and the gradient that reaches it
+        part = real_xsa_part(y, v)
+        part.register_hook(lambda grad: parts.append((part.detach(), grad)))
+        return part
+
     def run(fn, dtype):
+        parts.clear()
         cos, sin = tg.rotary_tables(hp, T, dev, dtype, freq, paired=paired)
         alpha = torch.tensor([0.9, -0.6, 0.25, -1.4], dtype=torch.float64)
         leaves = [inp["x"], *inp["W"], inp["lam"], inp["ag"]] + ([inp["ve"], inp["vg"]] if with_ve else [])
@@ -1095,13 +1106,23 @@ def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key
         dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev, dtype)
         return [out, *torch.autograd.grad(out, leaves, dy)]
 
-    got, ref64, ref_lp = run(ours, torch.bfloat16), run(dense, torch.float64), run(dense, torch.bfloat16)
+    got = run(ours, torch.bfloat16)
+    real_xsa_part = tg.xsa_part
+    monkeypatch.setattr(tg, "xsa_part", xsa_part)  # after ours is compiled: the dense runs only
+    ref64 = run(dense, torch.float64)
+    scales = {}
+    if xsa:
+        assert len(parts) == 1, "the dense float64 run's part and its gradient"
+        (part, grad), alpha = parts[0], torch.tensor([0.9, -0.6, 0.25, -1.4], dtype=torch.float64, device=dev)
+        terms = (grad * part).abs().sum((0, 2)) / torch.tanh(alpha).abs() * (1 - torch.tanh(alpha) ** 2)
+        scales["dalpha"] = terms.max().item()
+    ref_lp = run(dense, torch.bfloat16)
     names = ["out", "dx", "dWq", "dWk", "dWv", "dWo", "dlam", "dgate"] + (["dve", "dvegate"] if with_ve else [])
     names += ["dalpha"] if xsa else []
     assert len(got) == len(names)
     for name, a, e, l in zip(names, got, ref64, ref_lp):
         assert_matches_torch(a, e, l, name=f"sublayer {name} paired={paired} key_offset={key_offset} ve={with_ve} "
-                                           f"xsa={xsa}")
+                                           f"xsa={xsa}", scale=scales.get(name))
 
 
 def test_fused_mlp_sublayer_matches_the_composite(device):
