@@ -1,5 +1,5 @@
 """Tests for kernels/mlp.py: the up-projection with ReLU² in its epilogue, forward and backward, and the MLP's
-autograd function, against a float64 specification written here again:
+custom op (its gradients, and how torch.compile records it), against a float64 specification written here again:
 
     pre[m, n]  = sum_k x[m, k] w[n, k]
     act[m, n]  = max(pre[m, n], 0)^2
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from compilation import cpp_wrapper_options
-from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
-                         linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
+from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd,
+                         linear_relu2_bwd_ref, linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
 
 HAS_CUDA = torch.cuda.is_available()
@@ -150,13 +150,15 @@ def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
     count from a symbolic M would tie to M (a recompile per M). dynamo's eager backend over the launcher's grid
     at M = 64 (2 tiles of 64 rows, fewer than the 4 programs) and 512: 4 programs at both, one graph (the kernels
     themselves cannot be traced on the CPU); eagerly, at most one program per tile. The extra programs find no
-    tile: a grid of more programs than tiles gives the clamped grid's bits (the test lifts the clamp)."""
+    tile: a grid of more programs than tiles gives the clamped grid's bits (the test lifts the clamp). Operands that
+    are fake tensors (AOT autograd tracing the op's implementation outside dynamo) get the program count too."""
     import triton
+    from torch._subclasses.fake_tensor import FakeTensorMode
     import kernels.mlp as mlp
     from compilation import unique_graphs
 
     def grid(x):
-        return x * mlp._programs(x.device, triton.cdiv(x.shape[0], 64) * 2, 4)
+        return x * mlp._programs(x, triton.cdiv(x.shape[0], 64) * 2, 4)
 
     torch._dynamo.reset()
     graphs = unique_graphs()
@@ -170,12 +172,14 @@ def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
     finally:
         torch._dynamo.reset()
     assert frames == 1, f"{frames} graphs for two M"
-    assert [mlp._programs(torch.device("cpu"), t, 4) for t in (2, 16)] == [2, 4], "eagerly: one program per tile"
+    with FakeTensorMode():  # AOT autograd's trace of the op's implementation, where dynamo is not tracing
+        assert [mlp._programs(torch.empty(64, 8), t, 4) for t in (2, 16)] == [4, 4], "fake operands: not the 4"
+    assert [mlp._programs(torch.empty(64, 8), t, 4) for t in (2, 16)] == [2, 4], "eagerly: one program per tile"
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     x, w, g, w2 = inputs(130, 136, 72, dtype, seed=3)  # 3 x 3 tiles of 64 x 64 (fp32), 2 x 1 of 128 x 256 (bf16)
     pre, act = linear_relu2(x, w)
     dpre = linear_relu2_bwd(g, w2, pre)
-    monkeypatch.setattr(mlp, "_programs", lambda device, tiles, num_programs: tiles + 3)
+    monkeypatch.setattr(mlp, "_programs", lambda a, tiles, num_programs: tiles + 3)
     p, a = linear_relu2(x, w, out=(nan_like(pre), nan_like(act)))
     assert torch.equal(p, pre) and torch.equal(a, act)
     assert torch.equal(linear_relu2_bwd(g, w2, pre, out=nan_like(dpre)), dpre)
@@ -265,31 +269,36 @@ def test_relu2_mlp_forward_and_gradients(compiled):
 
 @gpu_only
 def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
-    """Under torch.compile both kernel launches (forward and backward) are nodes of dynamo's graph (user-defined
-    Triton kernels), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through
-    Python per layer and micro-step."""
+    """Under torch.compile both kernel launches (forward and backward) are nodes of the graphs inductor is given
+    (user-defined Triton kernels: AOT autograd traces the op speedrun::relu2_mlp of dynamo's graph and its
+    backward), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through Python per
+    layer and micro-step."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
-        return gm.forward
+        return make_boxed_func(gm.forward)
 
     torch._dynamo.reset()
-    # This backend runs dynamo's graph as it is: torch launches the kernels itself, through Triton's allocator for
-    # their descriptors' scratch, which only the caller can set (torch refuses set_allocator inside a compiled
-    # region; inductor brings its own scratch). Set here, not left to whichever eager launch ran before in this
-    # process: run first in a fresh one on an H200, this test failed with "no allocator was set".
+    # This backend runs AOT autograd's graphs as they are: torch launches the kernels itself, through Triton's
+    # allocator for their descriptors' scratch, which only the caller can set (torch refuses set_allocator inside a
+    # compiled region; inductor brings its own scratch). Set here, not left to whichever eager launch ran before in
+    # this process: run first in a fresh one on an H200, this test failed with "no allocator was set".
     import triton
     import kernels.mlp as mlp
     triton.set_allocator(mlp._scratch)
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=record)
-    fn(x.requires_grad_(), w_fc, w_proj_t)
-    targets = [str(node.target) for gm in graphs for mod in gm.modules() if isinstance(mod, torch.fx.GraphModule)
-               for node in mod.graph.nodes if node.op == "call_function"]
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=backend)
+    fn(x.requires_grad_(), w_fc, w_proj_t).float().sum().backward()
+    torch._dynamo.reset()
+    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
     launches = [t for t in targets if "triton_kernel_wrapper" in t]
-    opaque = [t for t in targets if "linear_relu2" in t]
-    assert len(launches) == 2 and not opaque, f"kernel launches {launches}, opaque ops {opaque} in {targets}"
+    opaque = [t for t in targets if "speedrun" in t or "linear_relu2" in t]
+    assert len(graphs) == 2 and len(launches) == 2 and not opaque, \
+        f"{len(graphs)} graphs, kernel launches {launches}, opaque ops {opaque} in {targets}"
 
 
 @gpu_only
