@@ -16,13 +16,17 @@ its size (every tile is computed the same way by whichever program takes it).
 Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
 the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
 """
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from compilation import cpp_wrapper_options
-from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd,
+from kernels.mlp import (CONFIGS, INTERPRETER_PROGRAMS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd,
                          linear_relu2_bwd_ref, linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
 
@@ -265,6 +269,100 @@ def test_relu2_mlp_forward_and_gradients(compiled):
     for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref_lp):
         assert a.dtype == dtype and a.shape == l.shape
         assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
+
+
+def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
+    """In the compiled region relu2_mlp is one custom op, an OpOverload, not an autograd.Function, which dynamo
+    records as the autograd_function_apply higher-order op, for which AOT autograd's cache passes over the whole
+    graph (the training step's AOT autograd then reruns at every start). The backend inspects dynamo's graph: the
+    op is there, no autograd_function_apply, and AOT autograd's own cacheability check (private: run where it
+    imports) passes; then it runs the graph as it is (the op's eager launches)."""
+    graphs = []
+
+    def inspect_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    x, w_fc, _, w_proj_t = inputs(37, 72, 24, dtype, seed=5)
+    leaves = [t.requires_grad_() for t in (x, w_fc, w_proj_t)]
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(relu2_mlp, backend=inspect_graph, fullgraph=True, dynamic=False)(*leaves)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, relu2_mlp(*leaves)), "dynamo's graph, run as it is, is not the eager call"
+    (gm,) = graphs
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    applies = [t for t in targets if isinstance(t, torch._ops.HigherOrderOperator) and "autograd_function" in t.name()]
+    assert not applies and torch.ops.speedrun.relu2_mlp.default in targets, f"dynamo's graph calls {targets}"
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+    except ImportError:
+        return
+    with torch._inductor.config.patch(fx_graph_cache=True):  # the check asks for the FX graph cache (on by default)
+        check_cacheable(gm)
+
+
+def test_aot_autograd_cache_key_sees_both_kernels():
+    """AOT autograd's cache key holds the source of the Triton kernels torch finds in a triton_op that dynamo's graph
+    calls (torch reads the op's implementation and the functions it calls for wrap_triton(kernel)); the graph calls
+    speedrun::relu2_mlp only, so both kernels must be found there: editing either (or a helper they call) then
+    misses the cache. The launcher's Python is in no key (kernels/mlp.py's docstring). Run where the kernels are
+    compiled ones (TRITON_INTERPRET=0: torch finds no interpreted kernel) and torch has the lookup (private)."""
+    code = """
+import torch
+try:
+    from torch._library.triton import get_triton_kernels_for_op
+except ImportError:
+    print("no lookup")
+    raise SystemExit
+import kernels.mlp
+print(sorted(k.__name__ for k in get_triton_kernels_for_op("speedrun::relu2_mlp")))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    if run.stdout.strip() == "no lookup":
+        pytest.skip("this torch has no torch._library.triton.get_triton_kernels_for_op")
+    assert run.stdout.strip() == "['_linear_relu2_bwd_kernel', '_linear_relu2_fwd_kernel']", run.stdout
+
+
+def test_aot_autograd_traces_the_op_into_both_kernel_launches():
+    """AOT autograd traces the op's implementation and its backward into its joint graph: two user-defined Triton
+    kernel launches (the forward's and the backward's), no speedrun op (which inductor would call back into Python
+    for), each on the persistent grid of the program count (here the CPU's INTERPRETER_PROGRAMS, over more tiles).
+    On the CPU in a process with compiled kernels (TRITON_INTERPRET=0: torch cannot trace interpreted ones), traced
+    over fake tensors and never launched; the device check is lifted for that. torch cannot analyse the kernels
+    without a GPU driver there (a logged warning) and then takes every argument for mutated: copies that the GPU's
+    graphs do not have."""
+    code = """
+import torch
+import kernels.mlp as mlp
+from functorch.compile import aot_function, make_boxed_func
+mlp.check_kernel_device = lambda name, device: None
+joint = []
+class Traced(Exception):
+    pass
+def partition(graph, inputs, **kwargs):
+    joint.append(graph)
+    raise Traced
+args = [torch.randn(s, requires_grad=True) for s in ((256, 128), (512, 128), (512, 128))]
+try:
+    aot_function(mlp.relu2_mlp, fw_compiler=make_boxed_func, partition_fn=partition)(*args)
+except Traced:
+    pass
+for node in joint[0].graph.nodes:
+    if node.op == "call_function" and ("speedrun" in str(node.target) or "triton" in str(node.target)):
+        print(node.target, node.kwargs.get("grid"))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    grid = [(INTERPRETER_PROGRAMS, 1, 1)]
+    assert run.stdout.split("\n")[:-1] == [f"triton_kernel_wrapper_functional {grid}"] * 2, run.stdout
 
 
 @gpu_only
