@@ -375,18 +375,22 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
     from torch._dynamo.backends.common import aot_autograd
     graphs = []
 
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    # This backend runs AOT autograd's graphs as they are: torch launches the kernels itself, through Triton's
-    # allocator for their descriptors' scratch, which only the caller can set (torch refuses set_allocator inside a
-    # compiled region; inductor brings its own scratch). Set here, not left to whichever eager launch ran before in
-    # this process: run first in a fresh one on an H200, this test failed with "no allocator was set".
     import triton
     import kernels.mlp as mlp
-    triton.set_allocator(mlp._scratch)
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+
+        def run(*args):
+            # This backend runs AOT autograd's graphs as they are: torch launches the kernels itself, through
+            # Triton's allocator for their descriptors' scratch (inductor brings its own), which is per thread and
+            # must be set where the graph runs: the backward runs in autograd's device thread (on one H100 it had
+            # none: "no allocator was set").
+            triton.set_allocator(mlp._scratch)
+            return gm(*args)
+        return make_boxed_func(run)
+
+    torch._dynamo.reset()
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
     backend = aot_autograd(fw_compiler=record, bw_compiler=record)
     fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=backend)
