@@ -47,9 +47,9 @@ inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it gener
 launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two directions). What AOT autograd's cache key
 holds of them: the source of the kernels torch finds in the op that dynamo's graph calls (both, by reading
 ``wrap_triton``'s arguments in ``_launch``) and of the @triton.jit functions they call, not the Python of the
-launchers, the ops or the backward (tiles, grid, the matmuls around the kernels): after a change there a cached graph
-runs the old launches, unless the cache is new (--compile-cache's stamp holds the hash of the source that ran;
-inductor's default cache directory must be emptied). Torch 2.11's C++ wrapper needs three things of the kernels: plain
+launchers, the ops or the backward (tiles, grid, the matmuls around the kernels); so the op takes ``SOURCE_KEY``, the
+hash of this file, as an argument that dynamo writes into its graph: an edit anywhere here is a new key, and a cached
+graph never runs old launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain
 tensor and integer arguments (a graph whose user kernel takes host-made ``TensorDescriptor``s does not compile); two
 functions, since its launcher keys the compiled kernel by the function's name (one function for both directions would
 run the forward's cubin in the backward); and global scratch for every program, which
@@ -58,7 +58,9 @@ run the forward's cubin in the backward); and global scratch for every program, 
 load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md
 (``python -m benchmarks --only mlp``).
 """
+import hashlib
 import inspect
+from pathlib import Path
 from typing import Tuple
 
 import torch
@@ -356,16 +358,23 @@ def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
 # ---------------------------------------------------------------------------------------------------------
 # Autograd (custom ops whose implementations torch.compile traces: the kernels become user-defined Triton kernels)
 # ---------------------------------------------------------------------------------------------------------
+# The hash of this module's source, an argument of speedrun::relu2_mlp that its implementation ignores: dynamo
+# writes it into the graph as a constant, so AOT autograd's cache key, which holds dynamo's graph and the kernels'
+# source but not the Python of the launchers, the ops or the backward, changes with any edit of this module.
+SOURCE_KEY = int.from_bytes(hashlib.sha256(Path(__file__).read_bytes()).digest()[:7], "big")
+
+
 @triton_op("speedrun::relu2_mlp", mutates_args=())
-def _relu2_mlp_op(x: torch.Tensor, w_fc: torch.Tensor,
-                  w_proj_t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, pre, act): pre and act are outputs only so that setup_context can keep them for the backward."""
+def _relu2_mlp_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
+                  source_key: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, pre, act): pre and act are outputs only so that setup_context can keep them for the backward.
+    source_key: SOURCE_KEY (unused here)."""
     pre, act = linear_relu2(x, w_fc)
     return act @ w_proj_t, pre, act
 
 
 @_relu2_mlp_op.register_fake
-def _(x, w_fc, w_proj_t):
+def _(x, w_fc, w_proj_t, source_key):
     # Shapes only (triton_op's default fake runs the implementation, whose launches dynamo's fake run cannot make
     # in Triton's interpreter). AOT autograd still traces the implementation itself.
     M, H = x.shape[0], w_fc.shape[0]
@@ -383,7 +392,7 @@ def _(g, w2, pre):
 
 
 def _relu2_mlp_setup_context(ctx, inputs, output):
-    x, w_fc, w_proj_t = inputs
+    x, w_fc, w_proj_t, _ = inputs
     _, pre, act = output
     ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
     ctx.mark_non_differentiable(pre, act)
@@ -393,7 +402,7 @@ def _relu2_mlp_setup_context(ctx, inputs, output):
 def _relu2_mlp_backward(ctx, dy, _dpre, _dact):
     x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
     dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
-    return dpre @ w_fc, dpre.T @ x, act.T @ dy
+    return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
 
 
 _relu2_mlp_op.register_autograd(_relu2_mlp_backward, setup_context=_relu2_mlp_setup_context)
@@ -403,4 +412,4 @@ def relu2_mlp(x, w_fc, w_proj_t):
     """relu(x @ w_fc^T)^2 @ w_proj_t, x (M, C), w_fc and w_proj_t (H, C), differentiable in all three: the
     up-projection and ReLU² in linear_relu2 (forward) and linear_relu2_bwd (backward), the other matmuls in
     torch (cuBLAS). The op speedrun::relu2_mlp in torch.compile's graphs."""
-    return _relu2_mlp_op(x, w_fc, w_proj_t)[0]
+    return _relu2_mlp_op(x, w_fc, w_proj_t, SOURCE_KEY)[0]

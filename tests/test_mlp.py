@@ -16,6 +16,7 @@ its size (every tile is computed the same way by whichever program takes it).
 Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
 the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
 """
+import hashlib
 import os
 import re
 import subprocess
@@ -276,7 +277,9 @@ def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
     records as the autograd_function_apply higher-order op, for which AOT autograd's cache passes over the whole
     graph (the training step's AOT autograd then reruns at every start). The backend inspects dynamo's graph: the
     op is there, no autograd_function_apply, and AOT autograd's own cacheability check (private: run where it
-    imports) passes; then it runs the graph as it is (the op's eager launches)."""
+    imports) passes; then it runs the graph as it is (the op's eager launches). The op's last argument is the hash of
+    kernels/mlp.py, a constant of the graph, so that an edit of the launchers' Python, which the kernels' source in
+    the key does not show, changes the key."""
     graphs = []
 
     def inspect_graph(gm, example_inputs):
@@ -296,6 +299,10 @@ def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     applies = [t for t in targets if isinstance(t, torch._ops.HigherOrderOperator) and "autograd_function" in t.name()]
     assert not applies and torch.ops.speedrun.relu2_mlp.default in targets, f"dynamo's graph calls {targets}"
+    # the op's last argument, a constant of the graph (so of AOT autograd's key): 56 bits of kernels/mlp.py's sha256
+    source = (Path(__file__).resolve().parents[1] / "kernels" / "mlp.py").read_bytes()
+    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.speedrun.relu2_mlp.default]
+    assert call.args[-1] == int(hashlib.sha256(source).hexdigest()[:14], 16), f"the op's arguments {call.args}"
     try:
         from torch._functorch._aot_autograd.autograd_cache import check_cacheable
     except ImportError:
