@@ -29,8 +29,8 @@ between steps without changing shapes is a tensor argument: the multi-token weig
 softmax scale, the windows, the document boundaries (a dynamic dimension). With --dynamic-tokens (opt-in) the
 micro-batch length and the documents' length bound are dynamic sizes too: one training graph for every stage
 (model_inputs marks them). Attention (kernels/attention.py:
-FlashAttention's varlen kernels) and the FP8 head with its loss are custom ops in the region; the fused MLP's
-Triton kernels (kernels/mlp.py) are traced into it as user-defined Triton kernels.
+FlashAttention's varlen kernels), the FP8 head with its loss and the fused MLP (kernels/mlp.py) are custom ops in
+the region; the fused MLP's are Triton ops, whose kernels AOT autograd traces into it as user-defined Triton kernels.
 
 Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
 group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per

@@ -34,29 +34,42 @@ dropped, so M, N and K need not be multiples of the tile. The epilogue works on 
 asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
 not (never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
 
-Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of
-every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls
-``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input
-gradients (cuBLAS). Inside the trainer's compiled region torch.compile traces the launchers themselves (every
-check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton kernels of
-inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it
-generates: no call back into Python per launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two
-directions). Torch 2.11's C++ wrapper needs three things of them: plain tensor and integer arguments (a graph
-whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys
-the compiled kernel by the function's name (one function for both directions would run the forward's cubin in the
-backward); and global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++
-code allocates one program's 512 bytes for the whole grid). ``--cpp-wrapper``'s options add
-``triton.store_cubin``, without which a backward graph finds no compiled kernel to load. The measured speed of
-these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md (``python -m benchmarks
---only mlp``).
+Where train_gpt.py uses it: ``relu2_mlp`` (at the end of this module) is the MLP of every layer on CUDA with bf16/fp16
+weights when ``--fused-mlp`` is on (the default): the custom op ``speedrun::relu2_mlp`` (``torch.library.triton_op``),
+whose implementation calls ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS) and returns pre and act beside the output
+for its backward (``register_autograd``): the op ``speedrun::linear_relu2_bwd`` (``linear_relu2_bwd``), then the weight
+and input gradients (cuBLAS). An op, not an autograd.Function: dynamo records an autograd.Function as the
+``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes over the whole graph; an op is one
+node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
+(every check they make there is on shapes, dtypes and strides; ``_traced`` tells a traced operand: fake tensors), where
+``wrap_triton`` records each launch, so the kernels are user-defined Triton kernels of inductor's graph, launched from
+inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it generates: no call back into Python per
+launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two directions). What AOT autograd's cache key
+holds of them: the source of the kernels torch finds in the op that dynamo's graph calls (both, by reading
+``wrap_triton``'s arguments in ``_launch``) and of the @triton.jit functions they call, not the Python of the
+launchers, the ops or the backward (tiles, grid, the matmuls around the kernels); so the op takes ``SOURCE_KEY``, the
+hash of this file, as an argument that dynamo writes into its graph: an edit anywhere here is a new key, and a cached
+graph never runs old launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain
+tensor and integer arguments (a graph whose user kernel takes host-made ``TensorDescriptor``s does not compile); two
+functions, since its launcher keys the compiled kernel by the function's name (one function for both directions would
+run the forward's cubin in the backward); and global scratch for every program, which
+``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512 bytes for the whole grid).
+``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph finds no compiled kernel to
+load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md
+(``python -m benchmarks --only mlp``).
 """
+import hashlib
 import inspect
+from pathlib import Path
+from typing import Tuple
 
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
 
-from kernels._checks import check_kernel_device
+from kernels._checks import check_kernel_device, interpreting
 from kernels.hardware import sm_count
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -222,25 +235,31 @@ def scratch_per_program_in_cpp_wrapper():
     return True
 
 
-def _programs(device, tiles, num_programs):
-    """The persistent grid: num_programs (default the SM count), eagerly at most one per tile. Traced by
-    torch.compile, num_programs whatever the tile count: the grid is the kernel's NUM_PROGRAMS, a compile-time
+def _traced(t):
+    """Whether t is a value of torch.compile's trace rather than data: dynamo's (torch.compiler.is_compiling()) or
+    AOT autograd's run of the ops' implementation over fake tensors (where is_compiling() need not hold)."""
+    return torch.compiler.is_compiling() or is_fake(t)
+
+
+def _programs(a, tiles, num_programs):
+    """The persistent grid for operand a: num_programs (default the SM count), eagerly at most one per tile. Traced
+    by torch.compile, num_programs whatever the tile count: the grid is the kernel's NUM_PROGRAMS, a compile-time
     constant, which a min() with the tile count of a dynamic M (train_gpt.py --dynamic-tokens) would tie to M (a
     recompile per M). Programs past the last tile find none (at the trainer's lengths the tiles outnumber the SMs:
     the grid is the same)."""
     if num_programs is None:
-        num_programs = sm_count(device, INTERPRETER_PROGRAMS)
-    if torch.compiler.is_compiling():
+        num_programs = sm_count(a.device, INTERPRETER_PROGRAMS)
+    if _traced(a):
         return num_programs
     return max(1, min(num_programs, tiles))
 
 
 def _aligned(t):
-    """Whether t's first element is 16-byte aligned. Inside torch.compile's trace there is no data pointer to
-    look at (nor a storage offset dynamo can read): there, True. The trainer's operands are fresh activations
-    and whole rows of parameter banks, aligned by the caching allocator; a view at an unaligned offset must not
-    reach this kernel from compiled code (TMA's behaviour is then undefined)."""
-    if torch.compiler.is_compiling():
+    """Whether t's first element is 16-byte aligned. Traced, there is no data pointer to look at (nor a storage
+    offset dynamo can read): there, True. The trainer's operands are fresh activations and whole rows of parameter
+    banks, aligned by the caching allocator; a view at an unaligned offset must not reach this kernel from
+    compiled code (TMA's behaviour is then undefined)."""
+    if _traced(t):
         return True
     return t.data_ptr() % 16 == 0
 
@@ -296,10 +315,15 @@ def _launch(a, b, c, aux, backward, config, num_programs):
         return
     bm, bn, bk, warps, stages = config or CONFIGS[("bwd" if backward else "fwd", min(a.element_size(), 4))]
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    progs = _programs(a.device, tiles, num_programs)
-    if not torch.compiler.is_compiling():  # inductor brings its own scratch memory
+    progs = _programs(a, tiles, num_programs)
+    if not _traced(a):  # launched here, through Triton's allocator (traced: inductor brings the scratch)
         triton.set_allocator(_scratch)
-    kernel = _linear_relu2_bwd_kernel if backward else _linear_relu2_fwd_kernel
+        kernel = _linear_relu2_bwd_kernel if backward else _linear_relu2_fwd_kernel
+    elif interpreting():
+        raise RuntimeError("kernels/mlp.py: torch.compile cannot trace kernels that run in Triton's interpreter")
+    else:  # recorded as a user-defined Triton kernel of the graph; each wrap_triton names its kernel, as torch's
+        # search for a triton_op's kernels (its cache key) reads them
+        kernel = wrap_triton(_linear_relu2_bwd_kernel) if backward else wrap_triton(_linear_relu2_fwd_kernel)
     kernel[(progs,)](a, b, c, aux, M, N, K, a.stride(0), b.stride(0), c.stride(0), aux.stride(0),
                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, IEEE=a.dtype == torch.float32,
                      num_warps=warps, num_stages=stages)
@@ -332,24 +356,60 @@ def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Autograd (traced by torch.compile: the kernels become user-defined Triton kernels of its graph)
+# Autograd (custom ops whose implementations torch.compile traces: the kernels become user-defined Triton kernels)
 # ---------------------------------------------------------------------------------------------------------
-class _ReLU2MLP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w_fc, w_proj_t):
-        pre, act = linear_relu2(x, w_fc)
-        ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
-        return act @ w_proj_t
+# The hash of this module's source, an argument of speedrun::relu2_mlp that its implementation ignores: dynamo
+# writes it into the graph as a constant, so AOT autograd's cache key, which holds dynamo's graph and the kernels'
+# source but not the Python of the launchers, the ops or the backward, changes with any edit of this module.
+SOURCE_KEY = int.from_bytes(hashlib.sha256(Path(__file__).read_bytes()).digest()[:7], "big")
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
-        dpre = linear_relu2_bwd(dy, w_proj_t, pre)
-        return dpre @ w_fc, dpre.T @ x, act.T @ dy
+
+@triton_op("speedrun::relu2_mlp", mutates_args=())
+def _relu2_mlp_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
+                  source_key: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, pre, act): pre and act are outputs only so that setup_context can keep them for the backward.
+    source_key: SOURCE_KEY (unused here)."""
+    pre, act = linear_relu2(x, w_fc)
+    return act @ w_proj_t, pre, act
+
+
+@_relu2_mlp_op.register_fake
+def _(x, w_fc, w_proj_t, source_key):
+    # Shapes only (triton_op's default fake runs the implementation, whose launches dynamo's fake run cannot make
+    # in Triton's interpreter). AOT autograd still traces the implementation itself.
+    M, H = x.shape[0], w_fc.shape[0]
+    return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H)), x.new_empty((M, H))
+
+
+@triton_op("speedrun::linear_relu2_bwd", mutates_args=())
+def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    return linear_relu2_bwd(g, w2, pre)
+
+
+@_linear_relu2_bwd_op.register_fake
+def _(g, w2, pre):
+    return g.new_empty((g.shape[0], w2.shape[0]))
+
+
+def _relu2_mlp_setup_context(ctx, inputs, output):
+    x, w_fc, w_proj_t, _ = inputs
+    _, pre, act = output
+    ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
+    ctx.mark_non_differentiable(pre, act)
+    ctx.set_materialize_grads(False)  # no zeros for pre's and act's gradients, which the backward ignores
+
+
+def _relu2_mlp_backward(ctx, dy, _dpre, _dact):
+    x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
+    dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
+    return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
+
+
+_relu2_mlp_op.register_autograd(_relu2_mlp_backward, setup_context=_relu2_mlp_setup_context)
 
 
 def relu2_mlp(x, w_fc, w_proj_t):
     """relu(x @ w_fc^T)^2 @ w_proj_t, x (M, C), w_fc and w_proj_t (H, C), differentiable in all three: the
     up-projection and ReLU² in linear_relu2 (forward) and linear_relu2_bwd (backward), the other matmuls in
-    torch (cuBLAS)."""
-    return _ReLU2MLP.apply(x, w_fc, w_proj_t)
+    torch (cuBLAS). The op speedrun::relu2_mlp in torch.compile's graphs."""
+    return _relu2_mlp_op(x, w_fc, w_proj_t, SOURCE_KEY)[0]

@@ -1,5 +1,5 @@
 """Tests for kernels/mlp.py: the up-projection with ReLU² in its epilogue, forward and backward, and the MLP's
-autograd function, against a float64 specification written here again:
+custom op (its gradients, and how torch.compile records it), against a float64 specification written here again:
 
     pre[m, n]  = sum_k x[m, k] w[n, k]
     act[m, n]  = max(pre[m, n], 0)^2
@@ -16,14 +16,19 @@ its size (every tile is computed the same way by whichever program takes it).
 Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
 the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
 """
+import hashlib
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from compilation import cpp_wrapper_options
-from kernels.mlp import (CONFIGS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd, linear_relu2_bwd_ref,
-                         linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
+from kernels.mlp import (CONFIGS, INTERPRETER_PROGRAMS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd,
+                         linear_relu2_bwd_ref, linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
 
 HAS_CUDA = torch.cuda.is_available()
@@ -150,13 +155,15 @@ def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
     count from a symbolic M would tie to M (a recompile per M). dynamo's eager backend over the launcher's grid
     at M = 64 (2 tiles of 64 rows, fewer than the 4 programs) and 512: 4 programs at both, one graph (the kernels
     themselves cannot be traced on the CPU); eagerly, at most one program per tile. The extra programs find no
-    tile: a grid of more programs than tiles gives the clamped grid's bits (the test lifts the clamp)."""
+    tile: a grid of more programs than tiles gives the clamped grid's bits (the test lifts the clamp). Operands that
+    are fake tensors (AOT autograd tracing the op's implementation outside dynamo) get the program count too."""
     import triton
+    from torch._subclasses.fake_tensor import FakeTensorMode
     import kernels.mlp as mlp
     from compilation import unique_graphs
 
     def grid(x):
-        return x * mlp._programs(x.device, triton.cdiv(x.shape[0], 64) * 2, 4)
+        return x * mlp._programs(x, triton.cdiv(x.shape[0], 64) * 2, 4)
 
     torch._dynamo.reset()
     graphs = unique_graphs()
@@ -170,12 +177,14 @@ def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
     finally:
         torch._dynamo.reset()
     assert frames == 1, f"{frames} graphs for two M"
-    assert [mlp._programs(torch.device("cpu"), t, 4) for t in (2, 16)] == [2, 4], "eagerly: one program per tile"
+    with FakeTensorMode():  # AOT autograd's trace of the op's implementation, where dynamo is not tracing
+        assert [mlp._programs(torch.empty(64, 8), t, 4) for t in (2, 16)] == [4, 4], "fake operands: not the 4"
+    assert [mlp._programs(torch.empty(64, 8), t, 4) for t in (2, 16)] == [2, 4], "eagerly: one program per tile"
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     x, w, g, w2 = inputs(130, 136, 72, dtype, seed=3)  # 3 x 3 tiles of 64 x 64 (fp32), 2 x 1 of 128 x 256 (bf16)
     pre, act = linear_relu2(x, w)
     dpre = linear_relu2_bwd(g, w2, pre)
-    monkeypatch.setattr(mlp, "_programs", lambda device, tiles, num_programs: tiles + 3)
+    monkeypatch.setattr(mlp, "_programs", lambda a, tiles, num_programs: tiles + 3)
     p, a = linear_relu2(x, w, out=(nan_like(pre), nan_like(act)))
     assert torch.equal(p, pre) and torch.equal(a, act)
     assert torch.equal(linear_relu2_bwd(g, w2, pre, out=nan_like(dpre)), dpre)
@@ -263,33 +272,142 @@ def test_relu2_mlp_forward_and_gradients(compiled):
         assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
 
 
-@gpu_only
-def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
-    """Under torch.compile both kernel launches (forward and backward) are nodes of dynamo's graph (user-defined
-    Triton kernels), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through
-    Python per layer and micro-step."""
+def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
+    """In the compiled region relu2_mlp is one custom op, an OpOverload, not an autograd.Function, which dynamo
+    records as the autograd_function_apply higher-order op, for which AOT autograd's cache passes over the whole
+    graph (the training step's AOT autograd then reruns at every start). The backend inspects dynamo's graph: the
+    op is there, no autograd_function_apply, and AOT autograd's own cacheability check (private: run where it
+    imports) passes; then it runs the graph as it is (the op's eager launches). The op's last argument is the hash of
+    kernels/mlp.py, a constant of the graph, so that an edit of the launchers' Python, which the kernels' source in
+    the key does not show, changes the key."""
     graphs = []
 
-    def record(gm, example_inputs):
+    def inspect_graph(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    x, w_fc, _, w_proj_t = inputs(37, 72, 24, dtype, seed=5)
+    leaves = [t.requires_grad_() for t in (x, w_fc, w_proj_t)]
     torch._dynamo.reset()
-    # This backend runs dynamo's graph as it is: torch launches the kernels itself, through Triton's allocator for
-    # their descriptors' scratch, which only the caller can set (torch refuses set_allocator inside a compiled
-    # region; inductor brings its own scratch). Set here, not left to whichever eager launch ran before in this
-    # process: run first in a fresh one on an H200, this test failed with "no allocator was set".
+    try:
+        out = torch.compile(relu2_mlp, backend=inspect_graph, fullgraph=True, dynamic=False)(*leaves)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, relu2_mlp(*leaves)), "dynamo's graph, run as it is, is not the eager call"
+    (gm,) = graphs
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    applies = [t for t in targets if isinstance(t, torch._ops.HigherOrderOperator) and "autograd_function" in t.name()]
+    assert not applies and torch.ops.speedrun.relu2_mlp.default in targets, f"dynamo's graph calls {targets}"
+    # the op's last argument, a constant of the graph (so of AOT autograd's key): 56 bits of kernels/mlp.py's sha256
+    source = (Path(__file__).resolve().parents[1] / "kernels" / "mlp.py").read_bytes()
+    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.speedrun.relu2_mlp.default]
+    assert call.args[-1] == int(hashlib.sha256(source).hexdigest()[:14], 16), f"the op's arguments {call.args}"
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+    except ImportError:
+        return
+    with torch._inductor.config.patch(fx_graph_cache=True):  # the check asks for the FX graph cache (on by default)
+        check_cacheable(gm)
+
+
+def test_aot_autograd_cache_key_sees_both_kernels():
+    """AOT autograd's cache key holds the source of the Triton kernels torch finds in a triton_op that dynamo's graph
+    calls (torch reads the op's implementation and the functions it calls for wrap_triton(kernel)); the graph calls
+    speedrun::relu2_mlp only, so both kernels must be found there: editing either (or a helper they call) then
+    misses the cache. The launcher's Python is in no key (kernels/mlp.py's docstring). Run where the kernels are
+    compiled ones (TRITON_INTERPRET=0: torch finds no interpreted kernel) and torch has the lookup (private)."""
+    code = """
+import torch
+try:
+    from torch._library.triton import get_triton_kernels_for_op
+except ImportError:
+    print("no lookup")
+    raise SystemExit
+import kernels.mlp
+print(sorted(k.__name__ for k in get_triton_kernels_for_op("speedrun::relu2_mlp")))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    if run.stdout.strip() == "no lookup":
+        pytest.skip("this torch has no torch._library.triton.get_triton_kernels_for_op")
+    assert run.stdout.strip() == "['_linear_relu2_bwd_kernel', '_linear_relu2_fwd_kernel']", run.stdout
+
+
+def test_aot_autograd_traces_the_op_into_both_kernel_launches():
+    """AOT autograd traces the op's implementation and its backward into its joint graph: two user-defined Triton
+    kernel launches (the forward's and the backward's), no speedrun op (which inductor would call back into Python
+    for), each on the persistent grid of the program count (here the CPU's INTERPRETER_PROGRAMS, over more tiles).
+    On the CPU in a process with compiled kernels (TRITON_INTERPRET=0: torch cannot trace interpreted ones), traced
+    over fake tensors and never launched; the device check is lifted for that. torch cannot analyse the kernels
+    without a GPU driver there (a logged warning) and then takes every argument for mutated: copies that the GPU's
+    graphs do not have."""
+    code = """
+import torch
+import kernels.mlp as mlp
+from functorch.compile import aot_function, make_boxed_func
+mlp.check_kernel_device = lambda name, device: None
+joint = []
+class Traced(Exception):
+    pass
+def partition(graph, inputs, **kwargs):
+    joint.append(graph)
+    raise Traced
+args = [torch.randn(s, requires_grad=True) for s in ((256, 128), (512, 128), (512, 128))]
+try:
+    aot_function(mlp.relu2_mlp, fw_compiler=make_boxed_func, partition_fn=partition)(*args)
+except Traced:
+    pass
+for node in joint[0].graph.nodes:
+    if node.op == "call_function" and ("speedrun" in str(node.target) or "triton" in str(node.target)):
+        print(node.target, node.kwargs.get("grid"))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    grid = [(INTERPRETER_PROGRAMS, 1, 1)]
+    assert run.stdout.split("\n")[:-1] == [f"triton_kernel_wrapper_functional {grid}"] * 2, run.stdout
+
+
+@gpu_only
+def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
+    """Under torch.compile both kernel launches (forward and backward) are nodes of the graphs inductor is given
+    (user-defined Triton kernels: AOT autograd traces the op speedrun::relu2_mlp of dynamo's graph and its
+    backward), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through Python per
+    layer and micro-step."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
     import triton
     import kernels.mlp as mlp
-    triton.set_allocator(mlp._scratch)
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+
+        def run(*args):
+            # This backend runs AOT autograd's graphs as they are: torch launches the kernels itself, through
+            # Triton's allocator for their descriptors' scratch (inductor brings its own), which is per thread and
+            # must be set where the graph runs: the backward runs in autograd's device thread (on one H100 it had
+            # none: "no allocator was set").
+            triton.set_allocator(mlp._scratch)
+            return gm(*args)
+        return make_boxed_func(run)
+
+    torch._dynamo.reset()
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=record)
-    fn(x.requires_grad_(), w_fc, w_proj_t)
-    targets = [str(node.target) for gm in graphs for mod in gm.modules() if isinstance(mod, torch.fx.GraphModule)
-               for node in mod.graph.nodes if node.op == "call_function"]
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=backend)
+    fn(x.requires_grad_(), w_fc, w_proj_t).float().sum().backward()
+    torch._dynamo.reset()
+    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
     launches = [t for t in targets if "triton_kernel_wrapper" in t]
-    opaque = [t for t in targets if "linear_relu2" in t]
-    assert len(launches) == 2 and not opaque, f"kernel launches {launches}, opaque ops {opaque} in {targets}"
+    opaque = [t for t in targets if "speedrun" in t or "linear_relu2" in t]
+    assert len(graphs) == 2 and len(launches) == 2 and not opaque, \
+        f"{len(graphs)} graphs, kernel launches {launches}, opaque ops {opaque} in {targets}"
 
 
 @gpu_only
