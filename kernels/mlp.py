@@ -17,12 +17,27 @@ to the inputs' dtype, ``act`` bitwise ``relu(pre)^2`` of the stored ``pre`` (the
 compiled ``F.relu(pre).square()``); ``dpre`` is rounded once from the fp32 product of the accumulator and
 ``2 relu(pre)`` (torch rounds ``d act`` to bf16 first: one rounding fewer here).
 
+Act-only mode (record #87's idea; ``linear_relu2_act``, ``linear_relu2_bwd_act``, ``relu2_mlp(..., act_only=True)``):
+
+    forward   act = relu(x @ w^T)^2            (M, N), the same bits as above; pre is neither written nor allocated
+    backward  dpre = (g @ w2^T) * 2 sqrt(act)  act (M, N) saved instead of pre, sqrt correctly rounded in fp32
+
+relu(pre) = sqrt(relu(pre)^2) in real arithmetic, but act is relu(pre)^2 rounded to the dtype (relative error at
+most u, 2^-8 in bf16), so sqrt(act) is relu(pre) within a relative u/2 (plus fp32's sqrt rounding): the ReLU'
+factor, hence dpre, changes bits, by about half a rounding of the output (tests/test_mlp.py derives the bound).
+Below the dtype's smallest normal (fp16: act < 2^-14) act's error is absolute, up to half a subnormal spacing,
+and so is the factor's (up to 2^-12.5 in fp16); bf16 has fp32's exponent range. What it saves per call: the
+forward's (M, N) write of pre, and the backward reads act where it read pre (the same bytes): at M = 16384 and
+N = 3072, 100 MB of the forward's 304 MB (x, w, pre, act). The caller saves act for W_proj's gradient anyway, so
+the backward's memory holds one (M, N) tensor per layer instead of two.
+
 Dtype policy: bf16 (training) and fp16 multiply on tensor cores with fp32 accumulation; fp32 inputs use exact
 IEEE fp32 dots (``input_precision="ieee"``, no TF32): that path is for the tests (the Triton interpreter on the
 CPU), not for speed. Outputs have the inputs' dtype.
 
-Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``),
-persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
+Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``), each
+with the act-only mode as the constexpr ``ACT_ONLY`` (the forward then writes act to its C operand and makes no
+store to AUX, which the launcher passes as C again; the backward reads act from AUX), persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
 row-major order, so programs running together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB,
 resident in L2). Operands and outputs move through TMA tensor descriptors that each program makes on the
 device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: inductor's
@@ -37,14 +52,15 @@ not (never the case in the trainer, where every operand is a fresh activation or
 Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of
 every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls
 ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input
-gradients (cuBLAS). Inside the trainer's compiled region torch.compile traces the launchers themselves (every
+gradients (cuBLAS). With ``--mlp-act-only`` (opt-in, off by default) it runs the act-only mode:
+``linear_relu2_act`` and ``linear_relu2_bwd_act`` in their places. Inside the trainer's compiled region torch.compile traces the launchers themselves (every
 check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton kernels of
 inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it
 generates: no call back into Python per launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two
 directions). Torch 2.11's C++ wrapper needs three things of them: plain tensor and integer arguments (a graph
 whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys
 the compiled kernel by the function's name (one function for both directions would run the forward's cubin in the
-backward); and global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++
+backward; the act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++
 code allocates one program's 512 bytes for the whole grid). ``--cpp-wrapper``'s options add
 ``triton.store_cubin``, without which a backward graph finds no compiled kernel to load. The measured speed of
 these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md (``python -m benchmarks
@@ -76,6 +92,16 @@ def linear_relu2_bwd_ref(g, w2, pre):
     return (g @ w2.T) * (2 * torch.relu(pre))
 
 
+def linear_relu2_act_ref(x, w):
+    """act = relu(x @ w^T)^2 in x's dtype (the act-only forward: pre is not kept)."""
+    return linear_relu2_ref(x, w)[1]
+
+
+def linear_relu2_bwd_act_ref(g, w2, act):
+    """dpre = (g @ w2^T) * 2 sqrt(act): linear_relu2_bwd_ref with relu(pre) recovered from act = relu(pre)^2."""
+    return (g @ w2.T) * (2 * torch.sqrt(act))
+
+
 def relu2_mlp_ref(x, w_fc, w_proj_t):
     """relu(x @ w_fc^T)^2 @ w_proj_t: the MLP after its input norm."""
     return linear_relu2_ref(x, w_fc)[1] @ w_proj_t
@@ -87,12 +113,14 @@ def relu2_mlp_ref(x, w_fc, w_proj_t):
 @triton.jit
 def _linear_relu2_tiles(
         # A (M, K) and B (N, K) operands; C (M, N) output: pre (forward) or dpre (backward); AUX (M, N): act,
-        # written (forward), or pre, read (backward). Each has a unit last stride and 16-byte aligned rows.
+        # written (forward), or pre, read (backward). ACT_ONLY: C is act (forward: AUX unused, C passed again) or
+        # dpre (backward: AUX is act, read). Each has a unit last stride and 16-byte aligned rows.
         a_ptr, b_ptr, c_ptr, aux_ptr,
         M, N, K, stride_a, stride_b, stride_c, stride_aux,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr,  # programs in the grid: each takes every NUM_PROGRAMS-th tile
         BACKWARD: tl.constexpr,  # False: C = pre, AUX = relu(pre)^2; True: C = acc * 2 relu(AUX)
+        ACT_ONLY: tl.constexpr,  # forward: C = relu(pre)^2, no pre; backward: C = acc * 2 sqrt(AUX), AUX = act
         IEEE: tl.constexpr,  # fp32 operands: exact fp32 dots (no TF32)
 ):
     """The body of both kernels: this program's share of the (BLOCK_M, BLOCK_N) output tiles."""
@@ -118,41 +146,51 @@ def _linear_relu2_tiles(
                 acc = tl.dot(a, b.T, acc)
         # the two column halves of the tile, one after the other
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD)
-        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
+        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD, ACT_ONLY)
+        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD, ACT_ONLY)
 
 
 # Two kernels, not one with BACKWARD as its argument: torch 2.11's C++ launcher keys the compiled kernels it loads by
-# the function's name, so a graph's forward and backward would load one cubin for the two directions.
+# the function's name, so a graph's forward and backward would load one cubin for the two directions. ACT_ONLY stays
+# a constexpr of each: a training run uses one mode, so each of its graphs launches one variant of each name.
 @triton.jit
 def _linear_relu2_fwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
-    """pre = A B^T (C) and act = relu(pre)^2 (AUX)."""
+                             NUM_PROGRAMS: tl.constexpr, ACT_ONLY: tl.constexpr, IEEE: tl.constexpr):
+    """pre = A B^T (C) and act = relu(pre)^2 (AUX); ACT_ONLY: act alone (C)."""
     _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
-                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, False, IEEE)
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, False, ACT_ONLY, IEEE)
 
 
 @triton.jit
 def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
-    """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX."""
+                             NUM_PROGRAMS: tl.constexpr, ACT_ONLY: tl.constexpr, IEEE: tl.constexpr):
+    """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX; ACT_ONLY: * 2 sqrt(act), act read from AUX."""
     _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
-                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, IEEE)
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, ACT_ONLY, IEEE)
 
 
 @triton.jit
-def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
-    """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward), or dpre (backward)."""
+def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr, ACT_ONLY: tl.constexpr):
+    """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward; ACT_ONLY: act alone, to C), or dpre
+    (backward; relu(pre) from the saved pre, ACT_ONLY: from the saved act, sqrt(act) correctly rounded in fp32)."""
     if BACKWARD:
-        pre = aux_desc.load([row, col]).to(tl.float32)
-        c_desc.store([row, col], (part * (2.0 * tl.maximum(pre, 0.0))).to(c_desc.dtype))
+        saved = aux_desc.load([row, col]).to(tl.float32)
+        if ACT_ONLY:
+            relu = tl.sqrt_rn(saved)
+        else:
+            relu = tl.maximum(saved, 0.0)
+        c_desc.store([row, col], (part * (2.0 * relu)).to(c_desc.dtype))
     else:
         pre = part.to(c_desc.dtype)
-        c_desc.store([row, col], pre)
         r = tl.maximum(pre.to(tl.float32), 0.0)
-        aux_desc.store([row, col], (r * r).to(aux_desc.dtype))
+        act = (r * r).to(c_desc.dtype)
+        if ACT_ONLY:
+            c_desc.store([row, col], act)
+        else:
+            c_desc.store([row, col], pre)
+            aux_desc.store([row, col], act)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -190,7 +228,8 @@ _KERNEL_NAMES = ("_linear_relu2_fwd_kernel", "_linear_relu2_bwd_kernel")
 def scratch_per_program_in_cpp_wrapper():
     """Make inductor's C++ launcher (``--cpp-wrapper``) give these kernels their whole global scratch.
 
-    Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors) and its own launcher
+    Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors; 384 for the act-only
+    forward, whose unused AUX descriptor the compiler drops) and its own launcher
     allocates that times the grid; torch 2.11's C++ wrapper allocates it once, so programs 1.. would write
     their descriptors past the end of the buffer, over whatever the caching allocator put there. Where the C++
     wrapper does not multiply by the grid (read from its code generator: torch 2.13's does), the kernel
@@ -253,9 +292,9 @@ def _tma_ready(t):
     return t.contiguous()
 
 
-def _check(name, a, b, aux=None):
+def _check(name, a, b, aux=None, aux_name="pre"):
     check_kernel_device(name, a.device)
-    for arg, t in (("a", a), ("w", b)) + ((("pre", aux),) if aux is not None else ()):
+    for arg, t in (("a", a), ("w", b)) + (((aux_name, aux),) if aux is not None else ()):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{name}: {arg} must be a 2-D tensor, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
@@ -267,7 +306,7 @@ def _check(name, a, b, aux=None):
         raise ValueError(f"{name}: inner dims differ: {tuple(a.shape)} @ {tuple(b.shape)}^T")
     M, N = a.shape[0], b.shape[0]
     if aux is not None and tuple(aux.shape) != (M, N):
-        raise ValueError(f"{name}: pre must be {(M, N)}, got {tuple(aux.shape)}")
+        raise ValueError(f"{name}: {aux_name} must be {(M, N)}, got {tuple(aux.shape)}")
     if (N * a.element_size()) % 16:
         raise ValueError(f"{name}: the output's rows ({N} x {a.element_size()} bytes) must be a multiple of 16 bytes "
                          "(TMA)")
@@ -284,7 +323,7 @@ def _check_out(name, shape, like, **outs):
                              f"{like.device}")
 
 
-def _launch(a, b, c, aux, backward, config, num_programs):
+def _launch(a, b, c, aux, backward, config, num_programs, act_only=False):
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
@@ -301,7 +340,8 @@ def _launch(a, b, c, aux, backward, config, num_programs):
         triton.set_allocator(_scratch)
     kernel = _linear_relu2_bwd_kernel if backward else _linear_relu2_fwd_kernel
     kernel[(progs,)](a, b, c, aux, M, N, K, a.stride(0), b.stride(0), c.stride(0), aux.stride(0),
-                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, IEEE=a.dtype == torch.float32,
+                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, ACT_ONLY=act_only,
+                     IEEE=a.dtype == torch.float32,
                      num_warps=warps, num_stages=stages)
 
 
@@ -331,25 +371,59 @@ def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
     return dpre
 
 
+def linear_relu2_act(x, w, *, out=None, config=None, num_programs=None):
+    """act (M, N) contiguous = relu(x (M, K) @ w (N, K)^T)^2 in x's dtype, the same bits as linear_relu2's act;
+    pre is neither written nor allocated. out: the act tensor to write; config and num_programs as in
+    linear_relu2."""
+    _check("linear_relu2_act", x, w)
+    shape = (x.shape[0], w.shape[0])
+    act = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
+    _check_out("linear_relu2_act", shape, x, act=act)
+    _launch(_tma_ready(x), _tma_ready(w), act, act, False, config, num_programs, act_only=True)
+    return act
+
+
+def linear_relu2_bwd_act(g, w2, act, *, out=None, config=None, num_programs=None):
+    """dpre (M, N) contiguous = (g (M, K) @ w2 (N, K)^T) * 2 sqrt(act (M, N)), rounded once: linear_relu2_bwd with
+    relu(pre) recovered from the saved act = relu(pre)^2 (act >= 0). out, config and num_programs as in
+    linear_relu2_bwd."""
+    _check("linear_relu2_bwd_act", g, w2, act, aux_name="act")
+    shape = (g.shape[0], w2.shape[0])
+    dpre = out if out is not None else torch.empty(shape, dtype=g.dtype, device=g.device)
+    _check_out("linear_relu2_bwd_act", shape, g, dpre=dpre)
+    _launch(_tma_ready(g), _tma_ready(w2), dpre, _tma_ready(act), True, config, num_programs, act_only=True)
+    return dpre
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Autograd (traced by torch.compile: the kernels become user-defined Triton kernels of its graph)
 # ---------------------------------------------------------------------------------------------------------
 class _ReLU2MLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_fc, w_proj_t):
-        pre, act = linear_relu2(x, w_fc)
-        ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
+    def forward(ctx, x, w_fc, w_proj_t, act_only):
+        ctx.act_only = act_only
+        if act_only:
+            act = linear_relu2_act(x, w_fc)
+            ctx.save_for_backward(x, w_fc, w_proj_t, act)
+        else:
+            pre, act = linear_relu2(x, w_fc)
+            ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
         return act @ w_proj_t
 
     @staticmethod
     def backward(ctx, dy):
-        x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
-        dpre = linear_relu2_bwd(dy, w_proj_t, pre)
-        return dpre @ w_fc, dpre.T @ x, act.T @ dy
+        if ctx.act_only:
+            x, w_fc, w_proj_t, act = ctx.saved_tensors
+            dpre = linear_relu2_bwd_act(dy, w_proj_t, act)
+        else:
+            x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
+            dpre = linear_relu2_bwd(dy, w_proj_t, pre)
+        return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
 
 
-def relu2_mlp(x, w_fc, w_proj_t):
+def relu2_mlp(x, w_fc, w_proj_t, act_only=False):
     """relu(x @ w_fc^T)^2 @ w_proj_t, x (M, C), w_fc and w_proj_t (H, C), differentiable in all three: the
     up-projection and ReLU² in linear_relu2 (forward) and linear_relu2_bwd (backward), the other matmuls in
-    torch (cuBLAS)."""
-    return _ReLU2MLP.apply(x, w_fc, w_proj_t)
+    torch (cuBLAS). act_only (train_gpt.py --mlp-act-only): linear_relu2_act and linear_relu2_bwd_act instead, so
+    the forward saves act alone (no pre) and the backward takes relu(pre) as sqrt(act)."""
+    return _ReLU2MLP.apply(x, w_fc, w_proj_t, act_only)
