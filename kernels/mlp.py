@@ -17,7 +17,7 @@ to the inputs' dtype, ``act`` bitwise ``relu(pre)^2`` of the stored ``pre`` (the
 compiled ``F.relu(pre).square()``); ``dpre`` is rounded once from the fp32 product of the accumulator and
 ``2 relu(pre)`` (torch rounds ``d act`` to bf16 first: one rounding fewer here).
 
-Act-only mode (record #87's idea; ``linear_relu2_act``, ``linear_relu2_bwd_act``, ``relu2_mlp(..., act_only=True)``):
+Act-only mode (record #87's idea): ``linear_relu2_act``, ``linear_relu2_bwd_act``, ``relu2_mlp(act_only=True)``:
 
     forward   act = relu(x @ w^T)^2            (M, N), the same bits as above; pre is neither written nor allocated
     backward  dpre = (g @ w2^T) * 2 sqrt(act)  act (M, N) saved instead of pre, sqrt correctly rounded in fp32
@@ -37,34 +37,34 @@ CPU), not for speed. Outputs have the inputs' dtype.
 
 Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``), each
 with the act-only mode as the constexpr ``ACT_ONLY`` (the forward then writes act to its C operand and makes no
-store to AUX, which the launcher passes as C again; the backward reads act from AUX), persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
-row-major order, so programs running together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB,
-resident in L2). Operands and outputs move through TMA tensor descriptors that each program makes on the
-device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: inductor's
-workspace in compiled graphs; otherwise Triton's allocator, which the launchers set in eager calls and a caller
-running a traced graph through another backend must set, outside the compiled region, e.g.
-``triton.set_allocator(kernels.mlp._scratch)``): loads past the edges read zeros and stores past them are
-dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two halves (BLOCK_N
-/ 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA
-asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
+store to AUX, which the launcher passes as C again; the backward reads act from AUX), persistent: ``num_programs``
+programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in row-major order, so programs running
+together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB, resident in L2). Operands and outputs move
+through TMA tensor descriptors that each program makes on the device (``tl.make_tensor_descriptor``, 128 bytes of
+global scratch memory per descriptor and program: inductor's workspace in compiled graphs; otherwise Triton's
+allocator, which the launchers set in eager calls and a caller running a traced graph through another backend must
+set, outside the compiled region, e.g. ``triton.set_allocator(kernels.mlp._scratch)``): loads past the edges read
+zeros and stores past them are dropped, so M, N and K need not be multiples of the tile. The epilogue works on the
+tile's two halves (BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold.
+TMA asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
 not (never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
 
-Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of
-every layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls
-``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input
-gradients (cuBLAS). With ``--mlp-act-only`` (opt-in, off by default) it runs the act-only mode:
-``linear_relu2_act`` and ``linear_relu2_bwd_act`` in their places. Inside the trainer's compiled region torch.compile traces the launchers themselves (every
-check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton kernels of
-inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it
-generates: no call back into Python per launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two
-directions). Torch 2.11's C++ wrapper needs three things of them: plain tensor and integer arguments (a graph
-whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys
-the compiled kernel by the function's name (one function for both directions would run the forward's cubin in the
-backward; the act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++
-code allocates one program's 512 bytes for the whole grid). ``--cpp-wrapper``'s options add
-``triton.store_cubin``, without which a backward graph finds no compiled kernel to load. The measured speed of
-these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md (``python -m benchmarks
---only mlp``).
+Where train_gpt.py uses it: ``relu2_mlp`` (the autograd function at the end of this module) is the MLP of every
+layer on CUDA with bf16/fp16 weights when ``--fused-mlp`` is on (the default); its forward calls ``linear_relu2``
+then ``act @ w_proj_t`` (cuBLAS), its backward ``linear_relu2_bwd`` then the weight and input gradients (cuBLAS).
+With ``--mlp-act-only`` (opt-in, off by default) it runs the act-only mode: ``linear_relu2_act`` and
+``linear_relu2_bwd_act`` in their places. Inside the trainer's compiled region torch.compile traces the launchers
+themselves (every check they make there is on shapes, dtypes and strides), so the kernels are user-defined Triton
+kernels of inductor's graph, launched from inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels
+it generates: no call back into Python per launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two
+directions). Torch 2.11's C++ wrapper needs three things of them: plain tensor and integer arguments (a graph whose
+user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys the
+compiled kernel by the function's name (one function for both directions would run the forward's cubin in the
+backward; the act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch for every
+program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512 bytes for
+the whole grid). ``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph finds no
+compiled kernel to load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in
+notes/measurements.md (``python -m benchmarks --only mlp``).
 """
 import inspect
 

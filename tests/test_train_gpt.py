@@ -2228,11 +2228,12 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
             assert chosen[-2:] == [tg.mlp_sublayer, tg.mlp_sublayer]
     hp = dataclasses.asdict(tg.smoke_hyperparameters())
     on = dict(hp, mlp_act_only=True)
-    with pytest.raises(checkpoints.CheckpointError, match="--mlp-act-only is False in the checkpoint, True in this run"):
+    refused = "--mlp-act-only is False in the checkpoint, True in this run"
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
         checkpoints.check_same_settings("ckpt", hp, on, list(on))
     before = {k: v for k, v in hp.items() if k != "mlp_act_only"}
     checkpoints.check_same_settings("ckpt", before, hp, list(hp))
-    with pytest.raises(checkpoints.CheckpointError, match="--mlp-act-only is False in the checkpoint, True in this run"):
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
         checkpoints.check_same_settings("ckpt", before, on, list(on))
     assert "mlp_act_only" not in checkpoints.RESUME_MAY_DIFFER
     with pytest.raises(SystemExit):
