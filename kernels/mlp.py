@@ -20,13 +20,14 @@ compiled ``F.relu(pre).square()``); ``dpre`` is rounded once from the fp32 produ
 Act-only mode (record #87's idea): ``linear_relu2_act``, ``linear_relu2_bwd_act``, ``relu2_mlp(act_only=True)``:
 
     forward   act = relu(x @ w^T)^2            (M, N), the same bits as above; pre is neither written nor allocated
-    backward  dpre = (g @ w2^T) * 2 sqrt(act)  act (M, N) saved instead of pre, sqrt correctly rounded in fp32
+    backward  dpre = (g @ w2^T) * 2 r,  r = rnd(sqrt(act))   act (M, N) saved instead of pre; sqrt correctly
+                                                             rounded in fp32, then rounded to act's dtype
 
-relu(pre) = sqrt(relu(pre)^2) in real arithmetic, but act is relu(pre)^2 rounded to the dtype (relative error at
-most u, 2^-8 in bf16), so sqrt(act) is relu(pre) within a relative u/2 (plus fp32's sqrt rounding): the ReLU'
-factor, hence dpre, changes bits, by about half a rounding of the output (tests/test_mlp.py derives the bound).
-Below the dtype's smallest normal (fp16: act < 2^-14) act's error is absolute, up to half a subnormal spacing,
-and so is the factor's (up to 2^-12.5 in fp16); bf16 has fp32's exponent range. What it saves per call: the
+For r a value of the dtype (the stored relu(pre)) and act = rnd(r^2) a normal number, rnd(sqrt(act)) = r exactly
+(round to nearest in binary floating point: a square root undoes a rounded square; tests/test_mlp.py checks every
+bf16 and fp16 value): the ReLU' factor, hence dpre, has the default's bits. Where act is below the dtype's smallest
+normal (bf16: relu(pre) < 2^-63, in practice never; fp16: relu(pre) < 2^-7) act's error is absolute, up to half a
+subnormal spacing, and so is the factor's (tests/test_mlp.py derives the bound). What it saves per call: the
 forward's (M, N) write of pre, and the backward reads act where it read pre (the same bytes): at M = 16384 and
 N = 3072, 100 MB of the forward's 304 MB (x, w, pre, act). The caller saves act for W_proj's gradient anyway, so
 the backward's memory holds one (M, N) tensor per layer instead of two.
@@ -98,8 +99,9 @@ def linear_relu2_act_ref(x, w):
 
 
 def linear_relu2_bwd_act_ref(g, w2, act):
-    """dpre = (g @ w2^T) * 2 sqrt(act): linear_relu2_bwd_ref with relu(pre) recovered from act = relu(pre)^2."""
-    return (g @ w2.T) * (2 * torch.sqrt(act))
+    """dpre = (g @ w2^T) * 2 sqrt(act) rounded to act's dtype: linear_relu2_bwd_ref with relu(pre) recovered from
+    act = relu(pre)^2 (in float64 the rounding is none)."""
+    return (g @ w2.T) * (2 * torch.sqrt(act.float() if act.dtype != torch.float64 else act).to(act.dtype))
 
 
 def relu2_mlp_ref(x, w_fc, w_proj_t):
@@ -174,11 +176,12 @@ def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, st
 @triton.jit
 def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr, ACT_ONLY: tl.constexpr):
     """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward; ACT_ONLY: act alone, to C), or dpre
-    (backward; relu(pre) from the saved pre, ACT_ONLY: from the saved act, sqrt(act) correctly rounded in fp32)."""
+    (backward; relu(pre) from the saved pre, ACT_ONLY: from the saved act, sqrt(act) correctly rounded in fp32 and
+    rounded to act's dtype, which gives back the stored relu(pre) wherever act is normal)."""
     if BACKWARD:
         saved = aux_desc.load([row, col]).to(tl.float32)
         if ACT_ONLY:
-            relu = tl.sqrt_rn(saved)
+            relu = tl.sqrt_rn(saved).to(aux_desc.dtype).to(tl.float32)
         else:
             relu = tl.maximum(saved, 0.0)
         c_desc.store([row, col], (part * (2.0 * relu)).to(c_desc.dtype))
