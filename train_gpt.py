@@ -163,7 +163,7 @@ class Hyperparameters:
     # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
     # opt-in (record #87): the fused MLP saves act alone, ReLU' from sqrt(act): no pre written; other bits of dpre
-    mlp_act_only: bool = False  # fused MLP saves act only; backward: relu(pre) = rnd(sqrt(act)), exact where act is normal
+    mlp_act_only: bool = False  # fused MLP saves act only; relu(pre) = rnd(sqrt(act)) (exact where act is normal)
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
