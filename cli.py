@@ -187,6 +187,9 @@ def check_settings(hp, args, check_world_size, untie_step, block):
     if hp.xsa and not hp.xsa_layers:
         raise SettingsError("--xsa: every attention layer has paired heads (--paired-head-layers), where XSA does not "
                             "apply; leave out --xsa or a layer from --paired-head-layers")
+    if hp.mlp_act_only and not hp.fused_mlp:
+        raise SettingsError("--mlp-act-only: a mode of the fused MLP kernel, which --no-fused-mlp turns off; leave out "
+                            "one of them")
     if hp.gate_dims > hp.model_dim:
         raise SettingsError(f"--gate-dims: the gates read {hp.gate_dims} dims of the residual, more than --model-dim "
                             f"{hp.model_dim}")

@@ -245,6 +245,9 @@ def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, com
     mlp = ("kernels.mlp.relu2_mlp (--fused-mlp)" if fused_mlp else "torch: matmul, then ReLU² ("
            + ("--no-fused-mlp)" if not hp.fused_mlp else f"the fused kernel takes CUDA and bf16/fp16, "
                                                         f"not {device.type} {hp.param_dtype})"))
+    if hp.mlp_act_only:  # a mode of the fused kernel: unused where the composite runs
+        mlp += ("; act saved alone, relu(pre) = sqrt(act) in the backward (--mlp-act-only)" if fused_mlp else
+                "; --mlp-act-only unused (a mode of the fused kernel)")
     if not compiled:
         return head, embed, mlp, "not compiled"
     compile_line = (f"train_step inductor options {options} (--cpp-wrapper: opt-in, outside the public rules)"

@@ -162,6 +162,8 @@ class Hyperparameters:
     dynamic_tokens: bool = False  # one compiled training step for every micro-batch length (T a dynamic size)
     # CUDA, bf16 matrices (kernels/mlp.py): traced into the compiled step as user-defined Triton kernels
     fused_mlp: bool = True  # MLP up-projection with its ReLU² (and, backward, its derivative) in one Triton matmul
+    # opt-in (record #87): the fused MLP saves act alone, ReLU' from sqrt(act): no pre written; other bits of dpre
+    mlp_act_only: bool = False  # fused MLP saves act only; relu(pre) = rnd(sqrt(act)) (exact where act is normal)
     ce_grad_in_forward: bool = False  # CUDA: the head's CE forward kernel also writes the logits' gradient (opt-in)
     param_dtype: str = "bfloat16"  # dtype of the matrices (tests use float32 to isolate accumulation error)
     # The Stage table (schedule section below); not a command-line flag: a table is edited in the code.
@@ -576,10 +578,11 @@ def mlp_sublayer(x, w_fc, w_proj_t):
     return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
 
 
-def fused_mlp_sublayer(x, w_fc, w_proj_t):
+def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     """mlp_sublayer through kernels.mlp.relu2_mlp (CUDA, bf16; --fused-mlp): the ReLU² and its derivative in the
-    up-projection's matmul epilogues, no elementwise pass over the (T, mlp_dim) activation."""
-    return relu2_mlp(rms_norm(x), w_fc, w_proj_t)
+    up-projection's matmul epilogues, no elementwise pass over the (T, mlp_dim) activation. act_only
+    (--mlp-act-only): the forward writes and saves act alone, the backward takes relu(pre) as sqrt(act)."""
+    return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
 def attn_residual(lane0, lane1, out, inject, resid, post):
@@ -852,7 +855,11 @@ def build_fns(hp, device, compile_model, attention="auto"):
     fp8 = hp.fp8_head and ok
     grad_in_fwd = hp.ce_grad_in_forward and device.type == "cuda"
     fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
-    layers = make_layers(hp, attend, fused_mlp_sublayer if fused_mlp else mlp_sublayer)
+    mlp = fused_mlp_sublayer if fused_mlp else mlp_sublayer
+    if fused_mlp and hp.mlp_act_only:
+        def mlp(x, w_fc, w_proj_t):  # --mlp-act-only
+            return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)
+    layers = make_layers(hp, attend, mlp)
 
     def loss(x, w, t, wk, head8=None):
         return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)

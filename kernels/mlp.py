@@ -17,28 +17,46 @@ to the inputs' dtype, ``act`` bitwise ``relu(pre)^2`` of the stored ``pre`` (the
 compiled ``F.relu(pre).square()``); ``dpre`` is rounded once from the fp32 product of the accumulator and
 ``2 relu(pre)`` (torch rounds ``d act`` to bf16 first: one rounding fewer here).
 
+Act-only mode (record #87's idea): ``linear_relu2_act``, ``linear_relu2_bwd_act``, ``relu2_mlp(act_only=True)``:
+
+    forward   act = relu(x @ w^T)^2            (M, N), the same bits as above; pre is neither written nor allocated
+    backward  dpre = (g @ w2^T) * 2 r,  r = rnd(sqrt(act))   act (M, N) saved instead of pre; sqrt correctly
+                                                             rounded in fp32, then rounded to act's dtype
+
+For r a value of the dtype (the stored relu(pre)) and act = rnd(r^2) a normal number, rnd(sqrt(act)) = r exactly
+(round to nearest in binary floating point: a square root undoes a rounded square; tests/test_mlp.py checks every
+bf16 and fp16 value): the ReLU' factor, hence dpre, has the default's bits. Where act is below the dtype's smallest
+normal (bf16: relu(pre) < 2^-63, in practice never; fp16: relu(pre) < 2^-7) act's error is absolute, up to half a
+subnormal spacing, and so is the factor's (tests/test_mlp.py derives the bound). What it saves per call: the
+forward's (M, N) write of pre, and the backward reads act where it read pre (the same bytes): at M = 16384 and
+N = 3072, 100 MB of the forward's 304 MB (x, w, pre, act). The caller saves act for W_proj's gradient anyway, so
+the backward's memory holds one (M, N) tensor per layer instead of two.
+
 Dtype policy: bf16 (training) and fp16 multiply on tensor cores with fp32 accumulation; fp32 inputs use exact
 IEEE fp32 dots (``input_precision="ieee"``, no TF32): that path is for the tests (the Triton interpreter on the
 CPU), not for speed. Outputs have the inputs' dtype.
 
-Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``),
-persistent: ``num_programs`` programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in
-row-major order, so programs running together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB,
-resident in L2). Operands and outputs move through TMA tensor descriptors that each program makes on the
-device (``tl.make_tensor_descriptor``, 128 bytes of global scratch memory per descriptor and program: inductor's
-workspace in compiled graphs; otherwise Triton's allocator, which the launchers set in eager calls and a caller
-running a traced graph through another backend must set, outside the compiled region, e.g.
-``triton.set_allocator(kernels.mlp._scratch)``): loads past the edges read zeros and stores past them are
-dropped, so M, N and K need not be multiples of the tile. The epilogue works on the tile's two halves (BLOCK_N
-/ 2 columns each) in turn, which halves the registers and shared memory the stores hold. TMA
-asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
+Kernels: ``_linear_relu2_fwd_kernel`` and ``_linear_relu2_bwd_kernel``, one body (``_linear_relu2_tiles``), each
+with the act-only mode as the constexpr ``ACT_ONLY`` (the forward then writes act to its C operand and makes no
+store to AUX, which the launcher passes as C again; the backward reads act from AUX), persistent: ``num_programs``
+programs (the SM count on a GPU) walk the (BLOCK_M, BLOCK_N) output tiles in row-major order, so programs running
+together share A's row panel and all of B (3072 x 768 bf16 is 4.7 MB, resident in L2). Operands and outputs move
+through TMA tensor descriptors that each program makes on the device (``tl.make_tensor_descriptor``, 128 bytes of
+global scratch memory per descriptor and program: inductor's workspace in compiled graphs; otherwise Triton's
+allocator, which the launchers set in eager calls and a caller running a traced graph through another backend must
+set, outside the compiled region, e.g. ``triton.set_allocator(kernels.mlp._scratch)``): loads past the edges read
+zeros and stores past them are dropped, so M, N and K need not be multiples of the tile. The epilogue works on the
+tile's two halves (BLOCK_N / 2 columns each) in turn, which halves the registers and shared memory the stores hold.
+TMA asks for a 16-byte aligned base and row stride and a contiguous last dim: the launchers copy an operand that is
 not (never the case in the trainer, where every operand is a fresh activation or a row of a parameter bank).
 
 Where train_gpt.py uses it: ``relu2_mlp`` (at the end of this module) is the MLP of every layer on CUDA with bf16/fp16
 weights when ``--fused-mlp`` is on (the default): the custom op ``speedrun::relu2_mlp`` (``torch.library.triton_op``),
 whose implementation calls ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS) and returns pre and act beside the output
 for its backward (``register_autograd``): the op ``speedrun::linear_relu2_bwd`` (``linear_relu2_bwd``), then the weight
-and input gradients (cuBLAS). An op, not an autograd.Function: dynamo records an autograd.Function as the
+and input gradients (cuBLAS). With ``--mlp-act-only`` (opt-in, off by default) the act-only mode's ops
+``speedrun::relu2_mlp_act_only`` and ``speedrun::linear_relu2_bwd_act`` (``linear_relu2_act``,
+``linear_relu2_bwd_act``) take their places. Ops, not an autograd.Function: dynamo records an autograd.Function as the
 ``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes over the whole graph; an op is one
 node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
 (every check they make there is on shapes, dtypes and strides; ``_traced`` tells a traced operand: fake tensors), where
@@ -47,16 +65,16 @@ inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it gener
 launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two directions). What AOT autograd's cache key
 holds of them: the source of the kernels torch finds in the op that dynamo's graph calls (both, by reading
 ``wrap_triton``'s arguments in ``_launch``) and of the @triton.jit functions they call, not the Python of the
-launchers, the ops or the backward (tiles, grid, the matmuls around the kernels); so the op takes ``SOURCE_KEY``, the
+launchers, the ops or the backward (tiles, grid, the matmuls around the kernels); so the ops take ``SOURCE_KEY``, the
 hash of this file, as an argument that dynamo writes into its graph: an edit anywhere here is a new key, and a cached
-graph never runs old launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain
-tensor and integer arguments (a graph whose user kernel takes host-made ``TensorDescriptor``s does not compile); two
-functions, since its launcher keys the compiled kernel by the function's name (one function for both directions would
-run the forward's cubin in the backward); and global scratch for every program, which
-``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512 bytes for the whole grid).
-``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph finds no compiled kernel to
-load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md
-(``python -m benchmarks --only mlp``).
+graph never runs old launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain tensor and integer
+arguments (a graph whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its
+launcher keys the compiled kernel by the function's name (one function for both directions would run the forward's
+cubin in the backward; the act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch
+for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512
+bytes for the whole grid). ``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph
+finds no compiled kernel to load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in
+notes/measurements.md (``python -m benchmarks --only mlp``).
 """
 import hashlib
 import inspect
@@ -89,6 +107,17 @@ def linear_relu2_bwd_ref(g, w2, pre):
     return (g @ w2.T) * (2 * torch.relu(pre))
 
 
+def linear_relu2_act_ref(x, w):
+    """act = relu(x @ w^T)^2 in x's dtype (the act-only forward: pre is not kept)."""
+    return linear_relu2_ref(x, w)[1]
+
+
+def linear_relu2_bwd_act_ref(g, w2, act):
+    """dpre = (g @ w2^T) * 2 sqrt(act) rounded to act's dtype: linear_relu2_bwd_ref with relu(pre) recovered from
+    act = relu(pre)^2 (in float64 the rounding is none)."""
+    return (g @ w2.T) * (2 * torch.sqrt(act.float() if act.dtype != torch.float64 else act).to(act.dtype))
+
+
 def relu2_mlp_ref(x, w_fc, w_proj_t):
     """relu(x @ w_fc^T)^2 @ w_proj_t: the MLP after its input norm."""
     return linear_relu2_ref(x, w_fc)[1] @ w_proj_t
@@ -100,12 +129,14 @@ def relu2_mlp_ref(x, w_fc, w_proj_t):
 @triton.jit
 def _linear_relu2_tiles(
         # A (M, K) and B (N, K) operands; C (M, N) output: pre (forward) or dpre (backward); AUX (M, N): act,
-        # written (forward), or pre, read (backward). Each has a unit last stride and 16-byte aligned rows.
+        # written (forward), or pre, read (backward). ACT_ONLY: C is act (forward: AUX unused, C passed again) or
+        # dpre (backward: AUX is act, read). Each has a unit last stride and 16-byte aligned rows.
         a_ptr, b_ptr, c_ptr, aux_ptr,
         M, N, K, stride_a, stride_b, stride_c, stride_aux,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         NUM_PROGRAMS: tl.constexpr,  # programs in the grid: each takes every NUM_PROGRAMS-th tile
         BACKWARD: tl.constexpr,  # False: C = pre, AUX = relu(pre)^2; True: C = acc * 2 relu(AUX)
+        ACT_ONLY: tl.constexpr,  # forward: C = relu(pre)^2, no pre; backward: C = acc * 2 sqrt(AUX), AUX = act
         IEEE: tl.constexpr,  # fp32 operands: exact fp32 dots (no TF32)
 ):
     """The body of both kernels: this program's share of the (BLOCK_M, BLOCK_N) output tiles."""
@@ -131,41 +162,52 @@ def _linear_relu2_tiles(
                 acc = tl.dot(a, b.T, acc)
         # the two column halves of the tile, one after the other
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD)
-        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD)
+        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD, ACT_ONLY)
+        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD, ACT_ONLY)
 
 
 # Two kernels, not one with BACKWARD as its argument: torch 2.11's C++ launcher keys the compiled kernels it loads by
-# the function's name, so a graph's forward and backward would load one cubin for the two directions.
+# the function's name, so a graph's forward and backward would load one cubin for the two directions. ACT_ONLY stays
+# a constexpr of each: a training run uses one mode, so each of its graphs launches one variant of each name.
 @triton.jit
 def _linear_relu2_fwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
-    """pre = A B^T (C) and act = relu(pre)^2 (AUX)."""
+                             NUM_PROGRAMS: tl.constexpr, ACT_ONLY: tl.constexpr, IEEE: tl.constexpr):
+    """pre = A B^T (C) and act = relu(pre)^2 (AUX); ACT_ONLY: act alone (C)."""
     _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
-                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, False, IEEE)
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, False, ACT_ONLY, IEEE)
 
 
 @triton.jit
 def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             NUM_PROGRAMS: tl.constexpr, IEEE: tl.constexpr):
-    """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX."""
+                             NUM_PROGRAMS: tl.constexpr, ACT_ONLY: tl.constexpr, IEEE: tl.constexpr):
+    """dpre = (A B^T) * 2 relu(pre) (C), pre read from AUX; ACT_ONLY: * 2 sqrt(act), act read from AUX."""
     _linear_relu2_tiles(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, stride_b, stride_c, stride_aux,
-                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, IEEE)
+                        BLOCK_M, BLOCK_N, BLOCK_K, NUM_PROGRAMS, True, ACT_ONLY, IEEE)
 
 
 @triton.jit
-def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr):
-    """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward), or dpre (backward)."""
+def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr, ACT_ONLY: tl.constexpr):
+    """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward; ACT_ONLY: act alone, to C), or dpre
+    (backward; relu(pre) from the saved pre, ACT_ONLY: from the saved act, sqrt(act) correctly rounded in fp32 and
+    rounded to act's dtype, which gives back the stored relu(pre) wherever act is normal)."""
     if BACKWARD:
-        pre = aux_desc.load([row, col]).to(tl.float32)
-        c_desc.store([row, col], (part * (2.0 * tl.maximum(pre, 0.0))).to(c_desc.dtype))
+        saved = aux_desc.load([row, col]).to(tl.float32)
+        if ACT_ONLY:
+            relu = tl.sqrt_rn(saved).to(aux_desc.dtype).to(tl.float32)
+        else:
+            relu = tl.maximum(saved, 0.0)
+        c_desc.store([row, col], (part * (2.0 * relu)).to(c_desc.dtype))
     else:
         pre = part.to(c_desc.dtype)
-        c_desc.store([row, col], pre)
         r = tl.maximum(pre.to(tl.float32), 0.0)
-        aux_desc.store([row, col], (r * r).to(aux_desc.dtype))
+        act = (r * r).to(c_desc.dtype)
+        if ACT_ONLY:
+            c_desc.store([row, col], act)
+        else:
+            c_desc.store([row, col], pre)
+            aux_desc.store([row, col], act)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,7 +245,8 @@ _KERNEL_NAMES = ("_linear_relu2_fwd_kernel", "_linear_relu2_bwd_kernel")
 def scratch_per_program_in_cpp_wrapper():
     """Make inductor's C++ launcher (``--cpp-wrapper``) give these kernels their whole global scratch.
 
-    Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors) and its own launcher
+    Triton sizes a kernel's global scratch per program (512 bytes here: four descriptors; 384 for the act-only
+    forward, whose unused AUX descriptor the compiler drops) and its own launcher
     allocates that times the grid; torch 2.11's C++ wrapper allocates it once, so programs 1.. would write
     their descriptors past the end of the buffer, over whatever the caching allocator put there. Where the C++
     wrapper does not multiply by the grid (read from its code generator: torch 2.13's does), the kernel
@@ -272,9 +315,9 @@ def _tma_ready(t):
     return t.contiguous()
 
 
-def _check(name, a, b, aux=None):
+def _check(name, a, b, aux=None, aux_name="pre"):
     check_kernel_device(name, a.device)
-    for arg, t in (("a", a), ("w", b)) + ((("pre", aux),) if aux is not None else ()):
+    for arg, t in (("a", a), ("w", b)) + (((aux_name, aux),) if aux is not None else ()):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{name}: {arg} must be a 2-D tensor, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
@@ -286,7 +329,7 @@ def _check(name, a, b, aux=None):
         raise ValueError(f"{name}: inner dims differ: {tuple(a.shape)} @ {tuple(b.shape)}^T")
     M, N = a.shape[0], b.shape[0]
     if aux is not None and tuple(aux.shape) != (M, N):
-        raise ValueError(f"{name}: pre must be {(M, N)}, got {tuple(aux.shape)}")
+        raise ValueError(f"{name}: {aux_name} must be {(M, N)}, got {tuple(aux.shape)}")
     if (N * a.element_size()) % 16:
         raise ValueError(f"{name}: the output's rows ({N} x {a.element_size()} bytes) must be a multiple of 16 bytes "
                          "(TMA)")
@@ -303,7 +346,7 @@ def _check_out(name, shape, like, **outs):
                              f"{like.device}")
 
 
-def _launch(a, b, c, aux, backward, config, num_programs):
+def _launch(a, b, c, aux, backward, config, num_programs, act_only=False):
     M, K = a.shape
     N = b.shape[0]
     if M == 0 or N == 0:
@@ -325,7 +368,8 @@ def _launch(a, b, c, aux, backward, config, num_programs):
         # search for a triton_op's kernels (its cache key) reads them
         kernel = wrap_triton(_linear_relu2_bwd_kernel) if backward else wrap_triton(_linear_relu2_fwd_kernel)
     kernel[(progs,)](a, b, c, aux, M, N, K, a.stride(0), b.stride(0), c.stride(0), aux.stride(0),
-                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, IEEE=a.dtype == torch.float32,
+                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NUM_PROGRAMS=progs, ACT_ONLY=act_only,
+                     IEEE=a.dtype == torch.float32,
                      num_warps=warps, num_stages=stages)
 
 
@@ -352,6 +396,30 @@ def linear_relu2_bwd(g, w2, pre, *, out=None, config=None, num_programs=None):
     dpre = out if out is not None else torch.empty(shape, dtype=g.dtype, device=g.device)
     _check_out("linear_relu2_bwd", shape, g, dpre=dpre)
     _launch(_tma_ready(g), _tma_ready(w2), dpre, _tma_ready(pre), True, config, num_programs)
+    return dpre
+
+
+def linear_relu2_act(x, w, *, out=None, config=None, num_programs=None):
+    """act (M, N) contiguous = relu(x (M, K) @ w (N, K)^T)^2 in x's dtype, the same bits as linear_relu2's act;
+    pre is neither written nor allocated. out: the act tensor to write; config and num_programs as in
+    linear_relu2."""
+    _check("linear_relu2_act", x, w)
+    shape = (x.shape[0], w.shape[0])
+    act = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
+    _check_out("linear_relu2_act", shape, x, act=act)
+    _launch(_tma_ready(x), _tma_ready(w), act, act, False, config, num_programs, act_only=True)
+    return act
+
+
+def linear_relu2_bwd_act(g, w2, act, *, out=None, config=None, num_programs=None):
+    """dpre (M, N) contiguous = (g (M, K) @ w2 (N, K)^T) * 2 sqrt(act (M, N)), rounded once: linear_relu2_bwd with
+    relu(pre) recovered from the saved act = relu(pre)^2 (act >= 0). out, config and num_programs as in
+    linear_relu2_bwd."""
+    _check("linear_relu2_bwd_act", g, w2, act, aux_name="act")
+    shape = (g.shape[0], w2.shape[0])
+    dpre = out if out is not None else torch.empty(shape, dtype=g.dtype, device=g.device)
+    _check_out("linear_relu2_bwd_act", shape, g, dpre=dpre)
+    _launch(_tma_ready(g), _tma_ready(w2), dpre, _tma_ready(act), True, config, num_programs, act_only=True)
     return dpre
 
 
@@ -407,9 +475,53 @@ def _relu2_mlp_backward(ctx, dy, _dpre, _dact):
 
 _relu2_mlp_op.register_autograd(_relu2_mlp_backward, setup_context=_relu2_mlp_setup_context)
 
+@triton_op("speedrun::relu2_mlp_act_only", mutates_args=())
+def _relu2_mlp_act_only_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
+                           source_key: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, act), the act-only mode: act is an output only so that setup_context can keep it (no pre).
+    source_key: SOURCE_KEY (unused here)."""
+    act = linear_relu2_act(x, w_fc)
+    return act @ w_proj_t, act
 
-def relu2_mlp(x, w_fc, w_proj_t):
+
+@_relu2_mlp_act_only_op.register_fake
+def _(x, w_fc, w_proj_t, source_key):
+    M, H = x.shape[0], w_fc.shape[0]
+    return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H))
+
+
+@triton_op("speedrun::linear_relu2_bwd_act", mutates_args=())
+def _linear_relu2_bwd_act_op(g: torch.Tensor, w2: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+    return linear_relu2_bwd_act(g, w2, act)
+
+
+@_linear_relu2_bwd_act_op.register_fake
+def _(g, w2, act):
+    return g.new_empty((g.shape[0], w2.shape[0]))
+
+
+def _relu2_mlp_act_only_setup_context(ctx, inputs, output):
+    x, w_fc, w_proj_t, _ = inputs
+    _, act = output
+    ctx.save_for_backward(x, w_fc, w_proj_t, act)
+    ctx.mark_non_differentiable(act)
+    ctx.set_materialize_grads(False)
+
+
+def _relu2_mlp_act_only_backward(ctx, dy, _dact):
+    x, w_fc, w_proj_t, act = ctx.saved_tensors
+    dpre = _linear_relu2_bwd_act_op(dy, w_proj_t, act)
+    return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
+
+
+_relu2_mlp_act_only_op.register_autograd(_relu2_mlp_act_only_backward, setup_context=_relu2_mlp_act_only_setup_context)
+
+
+def relu2_mlp(x, w_fc, w_proj_t, act_only=False):
     """relu(x @ w_fc^T)^2 @ w_proj_t, x (M, C), w_fc and w_proj_t (H, C), differentiable in all three: the
     up-projection and ReLU² in linear_relu2 (forward) and linear_relu2_bwd (backward), the other matmuls in
-    torch (cuBLAS). The op speedrun::relu2_mlp in torch.compile's graphs."""
-    return _relu2_mlp_op(x, w_fc, w_proj_t, SOURCE_KEY)[0]
+    torch (cuBLAS). act_only (train_gpt.py --mlp-act-only): linear_relu2_act and linear_relu2_bwd_act instead, so
+    the forward saves act alone (no pre) and the backward takes relu(pre) from it. The op speedrun::relu2_mlp (or
+    speedrun::relu2_mlp_act_only) in torch.compile's graphs."""
+    op = _relu2_mlp_act_only_op if act_only else _relu2_mlp_op
+    return op(x, w_fc, w_proj_t, SOURCE_KEY)[0]

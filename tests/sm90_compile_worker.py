@@ -142,11 +142,13 @@ def call_family(family):
             emb.embedding_backward(grad, ids, V, prep=prep, config=emb.DEFAULT_CONFIG)
             emb.embedding_backward_accumulate(grad, ids, torch.zeros(V, C), prep=prep, config=emb.DEFAULT_CONFIG)
     elif family == "mlp":
-        from kernels.mlp import linear_relu2, linear_relu2_bwd
+        from kernels.mlp import linear_relu2, linear_relu2_act, linear_relu2_bwd, linear_relu2_bwd_act
         for M, N, K in ((256, 512, 128), (37, 72, 40)):
             x, w = torch.randn(M, K, generator=g).to(bf16), torch.randn(N, K, generator=g).to(bf16)
-            pre, _ = linear_relu2(x, w, num_programs=132)
+            pre, act = linear_relu2(x, w, num_programs=132)
             linear_relu2_bwd(x, w, pre, num_programs=132)
+            linear_relu2_act(x, w, num_programs=132)  # --mlp-act-only
+            linear_relu2_bwd_act(x, w, act, num_programs=132)
     elif family == "momentum":
         from kernels.momentum import nesterov_momentum
         for shape in ((4, 768, 768), (3, 100, 70)):

@@ -115,13 +115,23 @@ def test_transpose_fp8_case_runs_at_a_small_shape(device):
 
 
 def test_mlp_cases_run_at_a_small_shape(device):
-    """benchmarks/mlp.py's forward and backward cases at 40 x 72 x 40 (no multiple of the tile), fp32 on the CPU
-    (Triton's interpreter), bf16 on a GPU: the kernel, its check against torch and the eager baseline run."""
+    """benchmarks/mlp.py's forward and backward cases, default and act-only, and the whole MLP's, at 40 x 72 x 40
+    (no multiple of the tile), fp32 on the CPU (Triton's interpreter), bf16 on a GPU: the kernel, its check against
+    torch and the eager baseline run."""
     from benchmarks import mlp as bench
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     for direction in ("fwd", "bwd"):
-        case = bench._case(direction, 40, 72, 40, dtype, device)
-        assert case["flops"] == 2 * 40 * 72 * 40
+        for act_only in (False, True):
+            case = bench._case(direction, 40, 72, 40, dtype, device, act_only=act_only)
+            assert case["flops"] == 2 * 40 * 72 * 40
+            assert case["bytes"] == (4 if dtype == torch.float32 else 2) * (
+                40 * 40 + 72 * 40 + (1 if act_only and direction == "fwd" else 2) * 40 * 72), (direction, act_only)
+            case["check"]()
+            case["fn"]()
+            case["baselines"]["torch"]()
+    for act_only in (False, True):  # the whole MLP, forward and backward, in each mode
+        case = bench._mlp_case(40, 40, 72, dtype, device, act_only)
+        assert case["op"] == f"relu2_mlp[{'act_only' if act_only else 'default'}]"
         case["check"]()
         case["fn"]()
         case["baselines"]["torch"]()

@@ -5,13 +5,16 @@ custom op (its gradients, and how torch.compile records it), against a float64 s
     act[m, n]  = max(pre[m, n], 0)^2
     dpre[m, n] = (sum_k g[m, k] w2[n, k]) * 2 max(pre[m, n], 0)
     mlp(x)     = act @ w_proj_t;  d x = dpre @ w_fc, d w_fc = dpre^T x, d w_proj_t = act^T dy
+    act-only:  the same act, no pre;  dpre[m, n] = (sum_k g[m, k] w2[n, k]) * 2 sqrt(act[m, n])
 
 Tolerances (tests/tolerances.py, rule 1): the kernel's error is at most twice torch's on the same inputs plus one
 unit roundoff of the terms' magnitude. For pre that magnitude is max(|x| @ |w|^T) (a dot product's rounding error
 scales with its terms). act = pre^2 carries pre's error times 2|pre| (first order), so its scale is
 max(2 |pre| (|x| @ |w|^T)); dpre's is max((|g| @ |w2|^T) 2 |relu(pre)|). Beyond the bound: act must equal
 torch's relu(pre)^2 of the kernel's own pre bit for bit, and the persistent grid must give the same bits whatever
-its size (every tile is computed the same way by whichever program takes it).
+its size (every tile is computed the same way by whichever program takes it). The act-only mode's ReLU' factor
+2 sqrt(act), against the gradient through relu(pre)^2, is judged by a bound derived at its test (rule 1 does not
+cover an error torch's composite does not make).
 
 Without a GPU the kernels run in Triton's interpreter in fp32 (IEEE dots) on small shapes; bf16 and fp16 run on
 the GPU (the interpreter rounds fp32 -> bf16 toward zero, not to nearest even).
@@ -27,9 +30,11 @@ import pytest
 import torch
 
 from compilation import cpp_wrapper_options
-from kernels.mlp import (CONFIGS, INTERPRETER_PROGRAMS, TUNING_CANDIDATES, linear_relu2, linear_relu2_bwd,
-                         linear_relu2_bwd_ref, linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
-from tests.tolerances import assert_all_written, assert_matches_torch, nan_like, shifted_randn
+from kernels.mlp import (CONFIGS, INTERPRETER_PROGRAMS, TUNING_CANDIDATES, linear_relu2, linear_relu2_act,
+                         linear_relu2_bwd, linear_relu2_bwd_act, linear_relu2_bwd_act_ref, linear_relu2_bwd_ref,
+                         linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
+from tests.tolerances import (UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch, nan_like,
+                              shifted_randn)
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -102,6 +107,167 @@ def test_forward_and_backward_match_spec(M, N, K, dtype):
     check_backward(g, w2, pre, dpre, f"{(M, N, K)} {dtype}")
 
 
+def spec_bwd_act(g, w2, act):
+    """float64 dpre of the act-only backward: the ReLU' factor 2 sqrt(act) of the saved act (act >= 0), the square
+    root rounded to act's dtype (relu(pre) itself wherever act is normal: test_sqrt_of_a_rounded_square...)."""
+    root = act.double().sqrt().to(act.dtype).double()
+    return torch.einsum("mk,nk->mn", g.double(), w2.double()) * 2 * root
+
+
+def check_backward_act(g, w2, act, dpre, tag):
+    """Rule 1 against the act-only backward's own specification: act is its input, as pre is the default's."""
+    dpre64 = spec_bwd_act(g, w2, act)
+    dpre_lp = linear_relu2_bwd_act_ref(g, w2, act)
+    scale = (terms(g, w2) * 2 * act.double().sqrt()).max().item()
+    assert_matches_torch(dpre, dpre64, dpre_lp, name=f"act-only dpre {tag}", scale=scale)
+
+
+def check_relu_from_act(pre, act, dpre_act, dpre, tag):
+    """The act-only dpre against the default's, per element: bit for bit where act is normal, else within the bound
+    derived here.
+
+    Both kernels compute the same fp32 accumulator D (one tile configuration per direction and dtype size, the same
+    k-loop; only the epilogue differs) and multiply it in fp32 by a ReLU' factor: the default by 2r, r = relu(pre)
+    (a value of the dtype), the act-only kernel by 2s, s = rnd(fl32(sqrt(act))) (sqrt_rn, then rounded to the
+    dtype). Where act = rnd(r^2) is normal, s = r exactly (test_sqrt_of_a_rounded_square_is_the_value): the same
+    product, the same bits. Below the smallest normal, with u the dtype's unit roundoff, u32 fp32's and sigma the
+    dtype's smallest subnormal:
+
+      act = rnd(r^2): |act - r^2| <= sigma / 2 (the grid there is sigma)
+      |sqrt(act) - r| = |act - r^2| / (sqrt(act) + r) <= min(sigma / (2 r), sqrt(sigma / 2))      (relative: rel)
+      s = sqrt(act)(1 + e3)(1 + e6) (fp32's sqrt, then the rounding to the dtype; s is a normal value of it),
+      fl32(D 2s) = D 2s (1 + e4), the output rnd(.) (1 + e5) + a5;
+      the default: fl32(D 2r) = D 2r (1 + e1), rnd(.) (1 + e2) + a2;  |e1|, |e3|, |e4| <= u32, |e2|, |e5|, |e6| <= u,
+      |a2|, |a5| <= sigma / 2 (an output below the smallest normal: absolute rounding)
+
+    so with P = D 2r and the factor s / r in [(1 - rel)(1 - u32)(1 - u), (1 + rel)(1 + u32)(1 + u)]:
+
+      |dpre_act - dpre| <= |P| max((1 + rel)(1 + u32)^2 (1 + u)^2 - (1 - u32)(1 - u),
+                                  (1 + u32)(1 + u) - (1 - rel)(1 - u32)^2 (1 - u)^2) + sigma,
+      |P| <= (|dpre| + sigma / 2) / ((1 - u32)(1 - u)),
+
+    and exactly 0 where r = 0 or D = 0. bf16 has fp32's exponent range: act is subnormal only for r < 2^-63. fp16's
+    act is subnormal for r < 2^-7, flushed to 0 for r < 2^-12.5: there the factor's error is absolute (up to
+    2^-12.5). Rule 1 does not apply: torch's composite computes 2r exactly, so it has no error of this kind."""
+    dtype = dpre.dtype
+    u, u32 = UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF[torch.float32]
+    fi = torch.finfo(dtype)
+    sigma, tiny = fi.smallest_normal * fi.eps, fi.smallest_normal
+    r = pre.double().clamp(min=0).cpu()
+    a, d, da = act.double().cpu(), dpre.double().cpu(), dpre_act.double().cpu()
+    rel = torch.minimum(sigma / (2 * r * r), (sigma / 2) ** 0.5 / r).nan_to_num(nan=0.0, posinf=0.0)
+    factor = torch.maximum((1 + rel) * (1 + u32) ** 2 * (1 + u) ** 2 - (1 - u32) * (1 - u),
+                           (1 + u32) * (1 + u) - (1 - rel) * (1 - u32) ** 2 * (1 - u) ** 2)
+    p = (d.abs() + sigma / 2) / ((1 - u32) * (1 - u))
+    bound = torch.where((r == 0) | (d == 0) | (a >= tiny), torch.zeros_like(r), p * factor + sigma)
+    assert_close_report(da, d, atol=bound, name=f"act-only dpre vs the default's {tag}")
+
+
+def test_sqrt_of_a_rounded_square_is_the_value():
+    """What the act-only backward rests on: for every non-negative finite r of bf16 and of fp16 whose square rounds
+    to a normal finite act = rnd(r^2), rnd(fl32(sqrt(act))) = r (round to nearest, the kernel's conversions: the
+    square in fp32 is exact for these 8- and 11-bit significands, then rounded to the dtype; fp32's sqrt is
+    correctly rounded on the CPU as sqrt_rn is on the GPU). Where act is subnormal it fails for some r (the reason
+    check_relu_from_act keeps a bound there)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        bits = torch.arange(0, 1 << 15, dtype=torch.int32).to(torch.int16)
+        r = bits.view(dtype)
+        r = r[torch.isfinite(r)]
+        act = (r.float() * r.float()).to(dtype)
+        normal = torch.isfinite(act) & (act >= torch.finfo(dtype).smallest_normal)
+        back = act.float().sqrt().to(dtype)
+        # r from 2^-63 to 2^64 (bf16: 127 binades of 128 values), from 2^-7 to 2^8 (fp16: 15 of 1024)
+        assert normal.sum() >= (16256 if dtype == torch.bfloat16 else 15360), (dtype, int(normal.sum()))
+        bad = (back != r) & normal
+        assert not bad.any(), f"{dtype}: rnd(sqrt(rnd(r^2))) != r at r = {r[bad][:4].tolist()}"
+        assert ((back != r) & ~normal & torch.isfinite(act)).any(), f"{dtype}: no subnormal act misses r"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=lambda v: str(v))
+def test_act_only_forward_and_backward_match_spec(M, N, K, dtype):
+    """The act-only mode (train_gpt.py --mlp-act-only): the forward's act is the default's bit for bit (hence the
+    spec's within rule 1) and the only (M, N) tensor it writes; the backward from act matches its own specification
+    (rule 1) and the default backward's dpre from pre within the bound derived in check_relu_from_act."""
+    if dtype == torch.float32 and M * N * K > 1 << 24:
+        pytest.skip("fp32 runs IEEE dots (the tests' path): the speedrun shape is checked in bf16 and fp16")
+    x, w, g, w2 = inputs(M, N, K, dtype)
+    pre, act_default = linear_relu2(x, w)
+    act = linear_relu2_act(x, w, out=nan_like(act_default))
+    assert_all_written(act, "act")
+    assert torch.equal(act, act_default), "act-only act differs from the default forward's act"
+    check_forward(x, w, pre, act, f"act-only {(M, N, K)} {dtype}")
+    dpre = linear_relu2_bwd_act(g, w2, act, out=nan_like(pre))
+    assert_all_written(dpre, "dpre")
+    check_backward_act(g, w2, act, dpre, f"{(M, N, K)} {dtype}")
+    check_relu_from_act(pre, act, dpre, linear_relu2_bwd(g, w2, pre), f"{(M, N, K)} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", LOWP, ids=lambda d: str(d).split(".")[-1])
+def test_relu_from_act_bound_holds_for_the_epilogues_arithmetic(dtype):
+    """check_relu_from_act on the CPU in bf16 and fp16, where the interpreted kernels cannot go (they run fp32, in
+    which sqrt(fl(r^2)) = r exactly): the two epilogues' arithmetic in torch (one fp32 accumulator D, the fp32
+    factors 2r and 2 rnd(sqrt(act)), one rounding to nearest even of each product), over ReLU inputs from 2^-16 to
+    2^6 (fp16's subnormal act below 2^-7 and its flush to 0 below 2^-12.5 included), gives the default's bits where
+    act is normal (all of bf16's here) and meets the bound elsewhere; a dropped factor 2, a missing sqrt (2 act,
+    what reading act as pre gives), another element's factor or a square root left unrounded in fp32 does not."""
+    gen = torch.Generator().manual_seed(8)
+    n = 1 << 14
+    pre = (torch.randn(n, generator=gen).sign() * 2.0 ** (torch.rand(n, generator=gen) * 22 - 16)).to(dtype)
+    D = torch.randn(n, generator=gen)  # the fp32 accumulator
+    r = pre.float().clamp(min=0)
+    act = r.square().to(dtype)
+    dpre = (D * (2 * r)).to(dtype)
+    root = act.float().sqrt().to(dtype).float()
+    differs = (D * (2 * root)).to(dtype) != dpre
+    # bf16: act is normal over this range, so the bits are the default's; fp16: not below r = 2^-7
+    assert differs.any() == (dtype == torch.float16), f"{int(differs.sum())} elements differ"
+    check_relu_from_act(pre, act, (D * (2 * root)).to(dtype), dpre, f"simulated {dtype}")
+    for bug, factor in (("factor 2 dropped", root), ("sqrt omitted", 2 * act.float()),
+                        ("another element's factor", 2 * root.roll(1)),
+                        ("sqrt left in fp32", 2 * act.float().sqrt())):
+        with pytest.raises(AssertionError, match="out of tolerance"):
+            check_relu_from_act(pre, act, (D * factor).to(dtype), dpre, bug)
+
+
+def test_act_only_forward_allocates_and_saves_no_pre():
+    """pre is never allocated by the act-only launcher (one (M, N) tensor, act, against the default's two; none with
+    out=), and relu2_mlp(act_only=True) saves act as its only (M, H) tensor for the backward (the default: pre and
+    act). A kernel that still stored pre would write it over act (the act-only forward's only output): the
+    bitwise act checks above catch that."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.count = shape, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == self.shape and func.overloadpacket in (
+                    torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like,
+                    torch.ops.aten.new_empty, torch.ops.aten.zeros, torch.ops.aten.clone):
+                self.count += 1
+            return out
+
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    M, N, K = 37, 72, 40
+    x, w, g, w2 = inputs(M, N, K, dtype, seed=7)
+    counts, given = [], torch.empty(M, N, dtype=dtype, device=DEVICE)
+    for call in (lambda: linear_relu2(x, w), lambda: linear_relu2_act(x, w), lambda: linear_relu2_act(x, w, out=given)):
+        with Allocations((M, N)) as rec:
+            call()
+        counts.append(rec.count)
+    assert counts == [2, 1, 0], f"(M, N) tensors allocated by linear_relu2, linear_relu2_act, with out=: {counts}"
+    w_proj_t = w2.clone()
+    for act_only, saved_mn in ((False, 2), (True, 1)):
+        out = relu2_mlp(x.requires_grad_(), w, w_proj_t, act_only)
+        saved = [t for t in out.grad_fn.saved_tensors if tuple(t.shape) == (M, N)]
+        assert len(saved) == saved_mn, f"act_only={act_only}: {len(saved)} (M, H) tensors saved for the backward"
+        if act_only:
+            assert torch.equal(saved[0], linear_relu2(x.detach(), w)[1]), "the act-only mode saves act, not pre"
+
+
 @pytest.mark.parametrize("layout", ["row_slice", "transposed", "column_step", "unaligned_rows", "bank_row"])
 def test_strided_operands(layout):
     """Operands as views: a slice of wider rows (16-byte aligned: read in place); a transposed view, every other
@@ -147,6 +313,9 @@ def test_persistent_grid_size_gives_same_bits(num_programs):
     assert torch.equal(p, pre) and torch.equal(a, act)
     dpre = linear_relu2_bwd(g, w2, pre)
     assert torch.equal(linear_relu2_bwd(g, w2, pre, num_programs=num_programs, out=nan_like(dpre)), dpre)
+    assert torch.equal(linear_relu2_act(x, w, num_programs=num_programs, out=nan_like(act)), act)
+    dpre_act = linear_relu2_bwd_act(g, w2, act)
+    assert torch.equal(linear_relu2_bwd_act(g, w2, act, num_programs=num_programs, out=nan_like(dpre)), dpre_act)
 
 
 def test_traced_grid_is_the_program_count_whatever_the_rows(monkeypatch):
@@ -200,6 +369,9 @@ def test_empty_and_zero_inner_dims():
                                          nan_like(torch.empty(5, 8, dtype=dtype, device=DEVICE))))
     assert (pre == 0).all() and (act == 0).all()
     assert (linear_relu2_bwd(x0, w0, torch.ones(5, 8, dtype=dtype, device=DEVICE)) == 0).all()
+    assert linear_relu2_act(x, w).shape == (0, 8)
+    assert (linear_relu2_act(x0, w0, out=nan_like(torch.empty(5, 8, dtype=dtype, device=DEVICE))) == 0).all()
+    assert (linear_relu2_bwd_act(x0, w0, torch.ones(5, 8, dtype=dtype, device=DEVICE)) == 0).all()
 
 
 @pytest.mark.parametrize("call,message", [
@@ -212,6 +384,11 @@ def test_empty_and_zero_inner_dims():
     (lambda t: linear_relu2(t(4, 16), t(8, 16), out=(t(4, 8), t(8, 4))), "out act"),
     (lambda t: linear_relu2_bwd(t(4, 16), t(8, 16), t(4, 9)), r"pre must be \(4, 8\)"),
     (lambda t: linear_relu2_bwd(t(4, 16), t(8, 16), t(4, 8), out=t(8, 4).T), "out dpre"),
+    (lambda t: linear_relu2_act(t(4, 16), t(8, 16), out=t(8, 4)), "out act"),
+    (lambda t: linear_relu2_act(t(4, 16), t(8, 24)), "linear_relu2_act: inner dims differ"),
+    (lambda t: linear_relu2_bwd_act(t(4, 16), t(8, 16), t(4, 9)), r"linear_relu2_bwd_act: act must be \(4, 8\)"),
+    (lambda t: linear_relu2_bwd_act(t(4, 16), t(8, 16), t(4, 8).double()), "act is torch.float64"),
+    (lambda t: linear_relu2_bwd_act(t(4, 16), t(8, 16), t(4, 8), out=t(8, 4).T), "out dpre"),
 ])
 def test_bad_input_is_refused_with_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
@@ -224,21 +401,32 @@ def test_cpu_without_interpreter_is_refused(monkeypatch):
         linear_relu2(torch.zeros(4, 16), torch.zeros(8, 16))
 
 
+@pytest.mark.parametrize("act_only", [False, True], ids=["default", "act_only"])
 @pytest.mark.parametrize("direction,config", [(d, c) for d in ("fwd", "bwd") for c in sorted(
     set(TUNING_CANDIDATES[d]) | {v for (k, _), v in CONFIGS.items() if k == d})], ids=str)
-def test_every_config_matches_spec(direction, config):
-    """Every tile the launcher or the benchmark's tuning pass may use in that direction (on the CPU in fp32: the
-    interpreter runs any tile), on a shape with partial tiles in M, N and K."""
+def test_every_config_matches_spec(direction, config, act_only):
+    """Every tile the launcher or the benchmark's tuning pass may use in that direction and mode (on the CPU in
+    fp32: the interpreter runs any tile), on a shape with partial tiles in M, N and K."""
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     M, N, K = 300, 264, 200
     x, w, g, w2 = inputs(M, N, K, dtype, seed=4)
     out = (nan_like(x.new_empty(M, N)), nan_like(x.new_empty(M, N)))
-    if direction == "fwd":
+    tag = f"config {config}{' act-only' if act_only else ''}"
+    if direction == "fwd" and act_only:
+        pre, act = linear_relu2(x, w, config=config)  # the same tile: the same accumulator
+        assert torch.equal(linear_relu2_act(x, w, config=config, out=out[1]), act), tag
+        check_forward(x, w, pre, out[1], tag)
+    elif direction == "fwd":
         pre, act = linear_relu2(x, w, config=config, out=out)
-        check_forward(x, w, pre, act, f"config {config}")
+        check_forward(x, w, pre, act, tag)
+    elif act_only:
+        pre, act = linear_relu2(x, w)
+        dpre = linear_relu2_bwd_act(g, w2, act, config=config, out=out[0])
+        check_backward_act(g, w2, act, dpre, tag)
+        check_relu_from_act(pre, act, dpre, linear_relu2_bwd(g, w2, pre, config=config), tag)
     else:
         pre, _ = linear_relu2(x, w)
-        check_backward(g, w2, pre, linear_relu2_bwd(g, w2, pre, config=config, out=out[0]), f"config {config}")
+        check_backward(g, w2, pre, linear_relu2_bwd(g, w2, pre, config=config, out=out[0]), tag)
 
 
 def mlp_grads(fn, x, w_fc, w_proj_t, dy):
@@ -252,10 +440,14 @@ def spec_mlp(x, w_fc, w_proj_t):
     return torch.einsum("mn,nc->mc", pre.clamp(min=0) ** 2, w_proj_t)
 
 
+@pytest.mark.parametrize("act_only", [False, True], ids=["default", "act_only"])
 @pytest.mark.parametrize("compiled", [pytest.param(True, marks=gpu_only), False])
-def test_relu2_mlp_forward_and_gradients(compiled):
+def test_relu2_mlp_forward_and_gradients(compiled, act_only):
     """relu2_mlp's output and its three gradients against the float64 spec (autograd of spec_mlp) and torch's
-    composite in the same dtype; compiled: inside torch.compile(fullgraph=True), as in the trainer."""
+    composite in the same dtype (rule 1); compiled: inside torch.compile(fullgraph=True), as in the trainer.
+    act_only: the ReLU' factor from sqrt(act) adds at most about u/2 relative to each dpre element
+    (check_relu_from_act), less than the roundings of torch's composite (d act to the dtype, u, then its product
+    by 2 relu(pre), u), so the gradients stay within rule 1's factor of torch's error."""
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     M, C, H = (1151, 256, 1024) if HAS_CUDA else (37, 24, 72)
     gen = torch.Generator().manual_seed(3)
@@ -263,23 +455,27 @@ def test_relu2_mlp_forward_and_gradients(compiled):
     w_fc = (torch.randn(H, C, generator=gen) * C ** -0.5).to(DEVICE, dtype)
     w_proj_t = (torch.randn(H, C, generator=gen) * H ** -0.5).to(DEVICE, dtype)
     dy = torch.randn(M, C, generator=gen).to(DEVICE, dtype)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False) if compiled else relu2_mlp
+    def mlp(x, w_fc, w_proj_t):
+        return relu2_mlp(x, w_fc, w_proj_t, act_only)
+
+    fn = torch.compile(mlp, fullgraph=True, dynamic=False) if compiled else mlp
     got = mlp_grads(fn, x, w_fc, w_proj_t, dy)
     ref64 = mlp_grads(spec_mlp, x.double(), w_fc.double(), w_proj_t.double(), dy.double())
     ref_lp = mlp_grads(relu2_mlp_ref, x, w_fc, w_proj_t, dy)
     for name, a, e, l in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, ref64, ref_lp):
         assert a.dtype == dtype and a.shape == l.shape
-        assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled}")
+        assert_matches_torch(a, e, l, name=f"relu2_mlp {name} compiled={compiled} act_only={act_only}")
 
 
-def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
-    """In the compiled region relu2_mlp is one custom op, an OpOverload, not an autograd.Function, which dynamo
-    records as the autograd_function_apply higher-order op, for which AOT autograd's cache passes over the whole
-    graph (the training step's AOT autograd then reruns at every start). The backend inspects dynamo's graph: the
-    op is there, no autograd_function_apply, and AOT autograd's own cacheability check (private: run where it
-    imports) passes; then it runs the graph as it is (the op's eager launches). The op's last argument is the hash of
-    kernels/mlp.py, a constant of the graph, so that an edit of the launchers' Python, which the kernels' source in
-    the key does not show, changes the key."""
+@pytest.mark.parametrize("act_only", [False, True], ids=["default", "act_only"])
+def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph(act_only):
+    """In the compiled region relu2_mlp is one custom op, an OpOverload (speedrun::relu2_mlp, or with act_only
+    speedrun::relu2_mlp_act_only), not an autograd.Function, which dynamo records as the autograd_function_apply
+    higher-order op, for which AOT autograd's cache passes over the whole graph (the training step's AOT autograd
+    then reruns at every start). The backend inspects dynamo's graph: the op is there, no autograd_function_apply,
+    and AOT autograd's own cacheability check (private: run where it imports) passes; then it runs the graph as it
+    is (the op's eager launches). The op's last argument is the hash of kernels/mlp.py, a constant of the graph, so
+    that an edit of the launchers' Python, which the kernels' source in the key does not show, changes the key."""
     graphs = []
 
     def inspect_graph(gm, example_inputs):
@@ -291,17 +487,20 @@ def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
     leaves = [t.requires_grad_() for t in (x, w_fc, w_proj_t)]
     torch._dynamo.reset()
     try:
-        out = torch.compile(relu2_mlp, backend=inspect_graph, fullgraph=True, dynamic=False)(*leaves)
+        fn = torch.compile(lambda *a: relu2_mlp(*a, act_only=act_only), backend=inspect_graph, fullgraph=True,
+                           dynamic=False)
+        out = fn(*leaves)
     finally:
         torch._dynamo.reset()
-    assert torch.equal(out, relu2_mlp(*leaves)), "dynamo's graph, run as it is, is not the eager call"
+    assert torch.equal(out, relu2_mlp(*leaves, act_only=act_only)), "dynamo's graph, run as it is, is not eager"
     (gm,) = graphs
+    op = torch.ops.speedrun.relu2_mlp_act_only.default if act_only else torch.ops.speedrun.relu2_mlp.default
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     applies = [t for t in targets if isinstance(t, torch._ops.HigherOrderOperator) and "autograd_function" in t.name()]
-    assert not applies and torch.ops.speedrun.relu2_mlp.default in targets, f"dynamo's graph calls {targets}"
+    assert not applies and op in targets, f"dynamo's graph calls {targets}"
     # the op's last argument, a constant of the graph (so of AOT autograd's key): 56 bits of kernels/mlp.py's sha256
     source = (Path(__file__).resolve().parents[1] / "kernels" / "mlp.py").read_bytes()
-    (call,) = [n for n in gm.graph.nodes if n.target == torch.ops.speedrun.relu2_mlp.default]
+    (call,) = [n for n in gm.graph.nodes if n.target == op]
     assert call.args[-1] == int(hashlib.sha256(source).hexdigest()[:14], 16), f"the op's arguments {call.args}"
     try:
         from torch._functorch._aot_autograd.autograd_cache import check_cacheable
@@ -314,8 +513,8 @@ def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph():
 def test_aot_autograd_cache_key_sees_both_kernels():
     """AOT autograd's cache key holds the source of the Triton kernels torch finds in a triton_op that dynamo's graph
     calls (torch reads the op's implementation and the functions it calls for wrap_triton(kernel)); the graph calls
-    speedrun::relu2_mlp only, so both kernels must be found there: editing either (or a helper they call) then
-    misses the cache. The launcher's Python is in no key (kernels/mlp.py's docstring). Run where the kernels are
+    speedrun::relu2_mlp (or speedrun::relu2_mlp_act_only) only, so both kernels must be found in each: editing
+    either (or a helper they call) then misses the cache. The launcher's Python is in no key (kernels/mlp.py's docstring). Run where the kernels are
     compiled ones (TRITON_INTERPRET=0: torch finds no interpreted kernel) and torch has the lookup (private)."""
     code = """
 import torch
@@ -325,7 +524,8 @@ except ImportError:
     print("no lookup")
     raise SystemExit
 import kernels.mlp
-print(sorted(k.__name__ for k in get_triton_kernels_for_op("speedrun::relu2_mlp")))
+for op in ("speedrun::relu2_mlp", "speedrun::relu2_mlp_act_only"):
+    print(sorted(k.__name__ for k in get_triton_kernels_for_op(op)))
 """
     env = dict(os.environ, TRITON_INTERPRET="0")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
@@ -333,7 +533,7 @@ print(sorted(k.__name__ for k in get_triton_kernels_for_op("speedrun::relu2_mlp"
     assert run.returncode == 0, run.stderr
     if run.stdout.strip() == "no lookup":
         pytest.skip("this torch has no torch._library.triton.get_triton_kernels_for_op")
-    assert run.stdout.strip() == "['_linear_relu2_bwd_kernel', '_linear_relu2_fwd_kernel']", run.stdout
+    assert run.stdout.split("\n")[:-1] == ["['_linear_relu2_bwd_kernel', '_linear_relu2_fwd_kernel']"] * 2, run.stdout
 
 
 def test_aot_autograd_traces_the_op_into_both_kernel_launches():
@@ -373,11 +573,12 @@ for node in joint[0].graph.nodes:
 
 
 @gpu_only
-def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
+@pytest.mark.parametrize("act_only", [False, True], ids=["default", "act_only"])
+def test_relu2_mlp_kernels_trace_into_the_compiled_graph(act_only):
     """Under torch.compile both kernel launches (forward and backward) are nodes of the graphs inductor is given
-    (user-defined Triton kernels: AOT autograd traces the op speedrun::relu2_mlp of dynamo's graph and its
-    backward), not calls into Python: an opaque op would cost the trainer's C++ launcher a trip through Python per
-    layer and micro-step."""
+    (user-defined Triton kernels: AOT autograd traces the op of dynamo's graph, speedrun::relu2_mlp or
+    speedrun::relu2_mlp_act_only, and its backward), not calls into Python: an opaque op would cost the trainer's
+    C++ launcher a trip through Python per layer and micro-step."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     graphs = []
@@ -400,7 +601,7 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
     torch._dynamo.reset()
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
     backend = aot_autograd(fw_compiler=record, bw_compiler=record)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, backend=backend)
+    fn = torch.compile(lambda *a: relu2_mlp(*a, act_only=act_only), fullgraph=True, dynamic=False, backend=backend)
     fn(x.requires_grad_(), w_fc, w_proj_t).float().sum().backward()
     torch._dynamo.reset()
     targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
@@ -411,22 +612,29 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph():
 
 
 @gpu_only
+@pytest.mark.parametrize("act_only", [False, True], ids=["default", "act_only"])
 @pytest.mark.parametrize("M, dtype", [(256, torch.bfloat16), (1151, torch.float16)])
-def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
+def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype, act_only):
     """Compiled as the trainer compiles its training step (inductor's C++ launcher), relu2_mlp's output and three
     gradients are bit for bit those of the eager launches: the backward graph runs the backward kernel (torch
     2.11 once gave it the forward's cubin), and each launch gets global scratch for all its programs (its
     TMA descriptors: torch 2.11's C++ wrapper allocates one program's worth unless told otherwise).
     Compiled with inductor's caches off: the scratch size is written into the C++ code at generation time, which
     the cache key does not see, so a cached graph would test whichever process generated it (on one H200 a
-    mutated copy run beside the suite failed the suite's copy of this test through the shared cache)."""
+    mutated copy run beside the suite failed the suite's copy of this test through the shared cache).
+    act_only (--mlp-act-only): the same two kernel names with ACT_ONLY set; its forward uses three descriptors (the
+    unused AUX's is dropped by the compiler: 384 bytes per program for sm_90 with Triton 3.9)."""
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
     x, w_fc, dy, w_proj_t = inputs(M, 512, 256, dtype, seed=6)
-    fn = torch.compile(relu2_mlp, fullgraph=True, dynamic=False, options=cpp_wrapper_options())  # --cpp-wrapper's
+
+    def mlp(x, w_fc, w_proj_t):
+        return relu2_mlp(x, w_fc, w_proj_t, act_only)
+
+    fn = torch.compile(mlp, fullgraph=True, dynamic=False, options=cpp_wrapper_options())  # --cpp-wrapper's
     with torch._inductor.config.patch(force_disable_caches=True):
         got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
-    eager = mlp_grads(relu2_mlp, x, w_fc, w_proj_t, dy)
+    eager = mlp_grads(mlp, x, w_fc, w_proj_t, dy)
     for name, a, e in zip(["out", "dx", "dw_fc", "dw_proj_t"], got, eager):
         assert torch.equal(a, e), f"{name}: the C++ wrapper's launch differs from eager (max {(a - e).abs().max()})"
     code = "\n".join(code)
@@ -435,8 +643,9 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype):
     sizes = re.findall(r"int64_t global_scratch\w*_size\[\] = \{([^}]*)\}", code)
     assert len(sizes) >= 2, f"no global scratch allocated for the two launches: {sizes}"
     for size in sizes:
-        assert "grid_0" in size or (int(size) % programs == 0 and int(size) >= 4 * 128 * programs), \
-            f"global scratch of {size} bytes for {programs} programs of 4 TMA descriptors"
+        descriptors = 3 if act_only else 4
+        assert "grid_0" in size or (int(size) % programs == 0 and int(size) >= descriptors * 128 * programs), \
+            f"global scratch of {size} bytes for {programs} programs of {descriptors} TMA descriptors"
 
 
 def test_cpp_wrapper_scratch_is_sized_for_every_program(monkeypatch):

@@ -2193,6 +2193,55 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
         assert on.head_path == off.head_path and "CE" not in on.head_path
 
 
+# ----------------------------------------------------------------------------------------------------
+# --mlp-act-only: the fused MLP saves act alone and takes relu(pre) as sqrt(act) (record #87's idea)
+
+
+def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
+    """Off by default (opt-in); --mlp-act-only turns it on. It is a mode of the fused MLP kernel: with
+    --no-fused-mlp it is refused in one line (exit code 2); where the fused kernel does not run (the CPU, fp32
+    matrices) the composite runs, as it does for --fused-mlp, and the log's mlp line says the flag is unused; on
+    CUDA with bf16 it names the act-only path and the layers get the act-only sublayer. It changes bits (dpre's
+    ReLU' factor), so --resume refuses it against a checkpoint that lacks it, naming it; a checkpoint from before
+    the flag (no such setting) resumes as --no-mlp-act-only (checkpoints.ADDED_SETTINGS), and --resume's help does
+    not list it among the flags that may differ."""
+    assert tg.Hyperparameters().mlp_act_only is False
+    assert _flags(["--smoke", "--mlp-act-only"])[1].mlp_act_only is True
+    with pytest.raises(SystemExit) as info:
+        tg.main(["--smoke", "--mlp-act-only", "--no-fused-mlp"])
+    assert info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert err == ["train_gpt.py: error: --mlp-act-only: a mode of the fused MLP kernel, which --no-fused-mlp turns "
+                   "off; leave out one of them"], err
+    chosen = []
+    make_layers = tg.make_layers
+    monkeypatch.setattr(tg, "make_layers", lambda hp, attend, mlp: chosen.append(mlp) or make_layers(hp, attend, mlp))
+    for dtype in ("bfloat16", "float32"):
+        default, act_only = (tg.build_fns(tg.smoke_hyperparameters(param_dtype=dtype, mlp_act_only=a),
+                                          torch.device(device), compile_model=False) for a in (False, True))
+        if device == "cuda" and dtype == "bfloat16":
+            assert act_only.mlp_path == default.mlp_path + ("; act saved alone, relu(pre) = sqrt(act) in the backward "
+                                                            "(--mlp-act-only)")
+            assert chosen[-2] is tg.fused_mlp_sublayer and chosen[-1] not in (tg.fused_mlp_sublayer, tg.mlp_sublayer)
+        else:
+            assert act_only.mlp_path == default.mlp_path + "; --mlp-act-only unused (a mode of the fused kernel)"
+            assert chosen[-2:] == [tg.mlp_sublayer, tg.mlp_sublayer]
+    hp = dataclasses.asdict(tg.smoke_hyperparameters())
+    on = dict(hp, mlp_act_only=True)
+    refused = "--mlp-act-only is False in the checkpoint, True in this run"
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", hp, on, list(on))
+    before = {k: v for k, v in hp.items() if k != "mlp_act_only"}
+    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", before, on, list(on))
+    assert "mlp_act_only" not in checkpoints.RESUME_MAY_DIFFER
+    with pytest.raises(SystemExit):
+        _flags(["--help"])
+    resume_help = " ".join(capsys.readouterr().out.split()).split("--resume RESUME", 1)[1].split("--deterministic")[0]
+    assert "--cpp-wrapper" in resume_help and "--mlp-act-only" not in resume_help, resume_help
+
+
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
     """head_loss with grad_in_fwd (the trainer's default on CUDA) gives the loss, dx and dW of the two-kernel path,
     bit for bit, with the trainer's incoming gradient 1 / SLOTS, for the head in the parameters' dtype (fp32 here)
