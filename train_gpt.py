@@ -71,7 +71,7 @@ from kernels.cross_entropy import (FP8_GRAD_S, FP8_W_S, FP8_X_S, fp8_e4m3, fp8_h
                                    softcapped_cross_entropy, softcapped_cross_entropy_ref)
 from kernels.dispatch import StepKernels
 from kernels.embedding import cpu_embedding, embedding, prepare_ids
-from kernels.mlp import relu2_mlp
+from kernels.mlp import register_ops as register_mlp_ops, relu2_mlp
 from profiling import profile_stages
 from run_log import StepClock, log_summary, path_lines
 
@@ -856,6 +856,8 @@ def build_fns(hp, device, compile_model, attention="auto"):
     grad_in_fwd = hp.ce_grad_in_forward and device.type == "cuda"
     fused_mlp = hp.fused_mlp and device.type == "cuda" and hp.param_dtype == "bfloat16"
     mlp = fused_mlp_sublayer if fused_mlp else mlp_sublayer
+    if fused_mlp:
+        register_mlp_ops()  # before anything compiles relu2_mlp (kernels.mlp.register_ops)
     if fused_mlp and hp.mlp_act_only:
         def mlp(x, w_fc, w_proj_t):  # --mlp-act-only
             return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)

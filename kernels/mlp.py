@@ -56,9 +56,10 @@ whose implementation calls ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS) and
 for its backward (``register_autograd``): the op ``speedrun::linear_relu2_bwd`` (``linear_relu2_bwd``), then the weight
 and input gradients (cuBLAS). With ``--mlp-act-only`` (opt-in, off by default) the act-only mode's ops
 ``speedrun::relu2_mlp_act_only`` and ``speedrun::linear_relu2_bwd_act`` (``linear_relu2_act``,
-``linear_relu2_bwd_act``) take their places. Ops, not an autograd.Function: dynamo records an autograd.Function as the
-``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes over the whole graph; an op is one
-node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
+``linear_relu2_bwd_act``) take their places. The ops are registered at first use (``register_ops``: registering
+imports torch's compiler, which ``train_gpt.py --help`` need not pay). Ops, not an autograd.Function: dynamo
+records an autograd.Function as the ``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes
+over the whole graph; an op is one node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
 (every check they make there is on shapes, dtypes and strides; ``_traced`` tells a traced operand: fake tensors), where
 ``wrap_triton`` records each launch, so the kernels are user-defined Triton kernels of inductor's graph, launched from
 inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it generates: no call back into Python per
@@ -432,89 +433,94 @@ def linear_relu2_bwd_act(g, w2, act, *, out=None, config=None, num_programs=None
 SOURCE_KEY = int.from_bytes(hashlib.sha256(Path(__file__).read_bytes()).digest()[:7], "big")
 
 
-@triton_op("speedrun::relu2_mlp", mutates_args=())
-def _relu2_mlp_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
-                  source_key: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, pre, act): pre and act are outputs only so that setup_context can keep them for the backward.
-    source_key: SOURCE_KEY (unused here)."""
-    pre, act = linear_relu2(x, w_fc)
-    return act @ w_proj_t, pre, act
+_OPS = {}  # act_only -> the op relu2_mlp calls (register_ops)
 
 
-@_relu2_mlp_op.register_fake
-def _(x, w_fc, w_proj_t, source_key):
-    # Shapes only (triton_op's default fake runs the implementation, whose launches dynamo's fake run cannot make
-    # in Triton's interpreter). AOT autograd still traces the implementation itself.
-    M, H = x.shape[0], w_fc.shape[0]
-    return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H)), x.new_empty((M, H))
+def register_ops():
+    """Register the custom ops, once: {False: speedrun::relu2_mlp, True: speedrun::relu2_mlp_act_only}, each with its
+    backward op and autograd. Registering a triton_op imports torch's compiler (dynamo, inductor, sympy: about as
+    long to import as torch), which a process that never runs the fused MLP (``train_gpt.py --help``, the CPU's runs)
+    need not pay, so this module registers nothing at import: relu2_mlp registers at its first eager call, and a
+    process that compiles relu2_mlp calls this first (train_gpt.build_fns does): dynamo cannot trace the
+    registration."""
+    if _OPS:
+        return _OPS
 
+    @triton_op("speedrun::relu2_mlp", mutates_args=())
+    def _relu2_mlp_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
+                      source_key: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(out, pre, act): pre and act are outputs only so that setup_context can keep them for the backward.
+        source_key: SOURCE_KEY (unused here)."""
+        pre, act = linear_relu2(x, w_fc)
+        return act @ w_proj_t, pre, act
 
-@triton_op("speedrun::linear_relu2_bwd", mutates_args=())
-def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    return linear_relu2_bwd(g, w2, pre)
+    @_relu2_mlp_op.register_fake
+    def _(x, w_fc, w_proj_t, source_key):
+        # Shapes only (triton_op's default fake runs the implementation, whose launches dynamo's fake run cannot make
+        # in Triton's interpreter). AOT autograd still traces the implementation itself.
+        M, H = x.shape[0], w_fc.shape[0]
+        return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H)), x.new_empty((M, H))
 
+    @triton_op("speedrun::linear_relu2_bwd", mutates_args=())
+    def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        return linear_relu2_bwd(g, w2, pre)
 
-@_linear_relu2_bwd_op.register_fake
-def _(g, w2, pre):
-    return g.new_empty((g.shape[0], w2.shape[0]))
+    @_linear_relu2_bwd_op.register_fake
+    def _(g, w2, pre):
+        return g.new_empty((g.shape[0], w2.shape[0]))
 
+    def _relu2_mlp_setup_context(ctx, inputs, output):
+        x, w_fc, w_proj_t, _ = inputs
+        _, pre, act = output
+        ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
+        ctx.mark_non_differentiable(pre, act)
+        ctx.set_materialize_grads(False)  # no zeros for pre's and act's gradients, which the backward ignores
 
-def _relu2_mlp_setup_context(ctx, inputs, output):
-    x, w_fc, w_proj_t, _ = inputs
-    _, pre, act = output
-    ctx.save_for_backward(x, w_fc, w_proj_t, pre, act)
-    ctx.mark_non_differentiable(pre, act)
-    ctx.set_materialize_grads(False)  # no zeros for pre's and act's gradients, which the backward ignores
+    def _relu2_mlp_backward(ctx, dy, _dpre, _dact):
+        x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
+        dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
+        return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
 
+    _relu2_mlp_op.register_autograd(_relu2_mlp_backward, setup_context=_relu2_mlp_setup_context)
 
-def _relu2_mlp_backward(ctx, dy, _dpre, _dact):
-    x, w_fc, w_proj_t, pre, act = ctx.saved_tensors
-    dpre = _linear_relu2_bwd_op(dy, w_proj_t, pre)
-    return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
+    @triton_op("speedrun::relu2_mlp_act_only", mutates_args=())
+    def _relu2_mlp_act_only_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
+                               source_key: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(out, act), the act-only mode: act is an output only so that setup_context can keep it (no pre).
+        source_key: SOURCE_KEY (unused here)."""
+        act = linear_relu2_act(x, w_fc)
+        return act @ w_proj_t, act
 
+    @_relu2_mlp_act_only_op.register_fake
+    def _(x, w_fc, w_proj_t, source_key):
+        M, H = x.shape[0], w_fc.shape[0]
+        return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H))
 
-_relu2_mlp_op.register_autograd(_relu2_mlp_backward, setup_context=_relu2_mlp_setup_context)
+    @triton_op("speedrun::linear_relu2_bwd_act", mutates_args=())
+    def _linear_relu2_bwd_act_op(g: torch.Tensor, w2: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return linear_relu2_bwd_act(g, w2, act)
 
-@triton_op("speedrun::relu2_mlp_act_only", mutates_args=())
-def _relu2_mlp_act_only_op(x: torch.Tensor, w_fc: torch.Tensor, w_proj_t: torch.Tensor,
-                           source_key: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, act), the act-only mode: act is an output only so that setup_context can keep it (no pre).
-    source_key: SOURCE_KEY (unused here)."""
-    act = linear_relu2_act(x, w_fc)
-    return act @ w_proj_t, act
+    @_linear_relu2_bwd_act_op.register_fake
+    def _(g, w2, act):
+        return g.new_empty((g.shape[0], w2.shape[0]))
 
+    def _relu2_mlp_act_only_setup_context(ctx, inputs, output):
+        x, w_fc, w_proj_t, _ = inputs
+        _, act = output
+        ctx.save_for_backward(x, w_fc, w_proj_t, act)
+        ctx.mark_non_differentiable(act)
+        ctx.set_materialize_grads(False)
 
-@_relu2_mlp_act_only_op.register_fake
-def _(x, w_fc, w_proj_t, source_key):
-    M, H = x.shape[0], w_fc.shape[0]
-    return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H))
+    def _relu2_mlp_act_only_backward(ctx, dy, _dact):
+        x, w_fc, w_proj_t, act = ctx.saved_tensors
+        dpre = _linear_relu2_bwd_act_op(dy, w_proj_t, act)
+        return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
 
+    _relu2_mlp_act_only_op.register_autograd(_relu2_mlp_act_only_backward,
+                                             setup_context=_relu2_mlp_act_only_setup_context)
 
-@triton_op("speedrun::linear_relu2_bwd_act", mutates_args=())
-def _linear_relu2_bwd_act_op(g: torch.Tensor, w2: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-    return linear_relu2_bwd_act(g, w2, act)
-
-
-@_linear_relu2_bwd_act_op.register_fake
-def _(g, w2, act):
-    return g.new_empty((g.shape[0], w2.shape[0]))
-
-
-def _relu2_mlp_act_only_setup_context(ctx, inputs, output):
-    x, w_fc, w_proj_t, _ = inputs
-    _, act = output
-    ctx.save_for_backward(x, w_fc, w_proj_t, act)
-    ctx.mark_non_differentiable(act)
-    ctx.set_materialize_grads(False)
-
-
-def _relu2_mlp_act_only_backward(ctx, dy, _dact):
-    x, w_fc, w_proj_t, act = ctx.saved_tensors
-    dpre = _linear_relu2_bwd_act_op(dy, w_proj_t, act)
-    return dpre @ w_fc, dpre.T @ x, act.T @ dy, None
-
-
-_relu2_mlp_act_only_op.register_autograd(_relu2_mlp_act_only_backward, setup_context=_relu2_mlp_act_only_setup_context)
+    _OPS.update({False: _relu2_mlp_op, True: _relu2_mlp_act_only_op})
+    return _OPS
 
 
 def relu2_mlp(x, w_fc, w_proj_t, act_only=False):
@@ -523,5 +529,9 @@ def relu2_mlp(x, w_fc, w_proj_t, act_only=False):
     torch (cuBLAS). act_only (train_gpt.py --mlp-act-only): linear_relu2_act and linear_relu2_bwd_act instead, so
     the forward saves act alone (no pre) and the backward takes relu(pre) from it. The op speedrun::relu2_mlp (or
     speedrun::relu2_mlp_act_only) in torch.compile's graphs."""
-    op = _relu2_mlp_act_only_op if act_only else _relu2_mlp_op
-    return op(x, w_fc, w_proj_t, SOURCE_KEY)[0]
+    if not _OPS:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("kernels.mlp.relu2_mlp under torch.compile: call kernels.mlp.register_ops() before "
+                               "compiling (dynamo cannot trace the ops' registration)")
+        register_ops()
+    return _OPS[bool(act_only)](x, w_fc, w_proj_t, SOURCE_KEY)[0]

@@ -32,7 +32,7 @@ import torch
 from compilation import cpp_wrapper_options
 from kernels.mlp import (CONFIGS, INTERPRETER_PROGRAMS, TUNING_CANDIDATES, linear_relu2, linear_relu2_act,
                          linear_relu2_bwd, linear_relu2_bwd_act, linear_relu2_bwd_act_ref, linear_relu2_bwd_ref,
-                         linear_relu2_ref, relu2_mlp, relu2_mlp_ref)
+                         linear_relu2_ref, register_ops, relu2_mlp, relu2_mlp_ref)
 from tests.tolerances import (UNIT_ROUNDOFF, assert_all_written, assert_close_report, assert_matches_torch, nan_like,
                               shifted_randn)
 
@@ -458,6 +458,7 @@ def test_relu2_mlp_forward_and_gradients(compiled, act_only):
     def mlp(x, w_fc, w_proj_t):
         return relu2_mlp(x, w_fc, w_proj_t, act_only)
 
+    register_ops()  # before compiling relu2_mlp (the trainer's build_fns does the same)
     fn = torch.compile(mlp, fullgraph=True, dynamic=False) if compiled else mlp
     got = mlp_grads(fn, x, w_fc, w_proj_t, dy)
     ref64 = mlp_grads(spec_mlp, x.double(), w_fc.double(), w_proj_t.double(), dy.double())
@@ -487,6 +488,7 @@ def test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph(act_only):
     leaves = [t.requires_grad_() for t in (x, w_fc, w_proj_t)]
     torch._dynamo.reset()
     try:
+        register_ops()
         fn = torch.compile(lambda *a: relu2_mlp(*a, act_only=act_only), backend=inspect_graph, fullgraph=True,
                            dynamic=False)
         out = fn(*leaves)
@@ -514,8 +516,9 @@ def test_aot_autograd_cache_key_sees_both_kernels():
     """AOT autograd's cache key holds the source of the Triton kernels torch finds in a triton_op that dynamo's graph
     calls (torch reads the op's implementation and the functions it calls for wrap_triton(kernel)); the graph calls
     speedrun::relu2_mlp (or speedrun::relu2_mlp_act_only) only, so both kernels must be found in each: editing
-    either (or a helper they call) then misses the cache. The launcher's Python is in no key (kernels/mlp.py's docstring). Run where the kernels are
-    compiled ones (TRITON_INTERPRET=0: torch finds no interpreted kernel) and torch has the lookup (private)."""
+    either (or a helper they call) then misses the cache (the launchers' Python reaches the key as SOURCE_KEY:
+    test_relu2_mlp_is_a_cacheable_op_of_dynamos_graph). Run where the kernels are compiled ones
+    (TRITON_INTERPRET=0: torch finds no interpreted kernel) and torch has the lookup (private)."""
     code = """
 import torch
 try:
@@ -524,6 +527,7 @@ except ImportError:
     print("no lookup")
     raise SystemExit
 import kernels.mlp
+kernels.mlp.register_ops()
 for op in ("speedrun::relu2_mlp", "speedrun::relu2_mlp_act_only"):
     print(sorted(k.__name__ for k in get_triton_kernels_for_op(op)))
 """
@@ -534,6 +538,34 @@ for op in ("speedrun::relu2_mlp", "speedrun::relu2_mlp_act_only"):
     if run.stdout.strip() == "no lookup":
         pytest.skip("this torch has no torch._library.triton.get_triton_kernels_for_op")
     assert run.stdout.split("\n")[:-1] == ["['_linear_relu2_bwd_kernel', '_linear_relu2_fwd_kernel']"] * 2, run.stdout
+
+
+def test_ops_are_registered_at_first_use_not_at_import():
+    """Registering a triton_op imports torch's compiler (dynamo, inductor, sympy), so importing kernels.mlp
+    registers nothing and imports none of them (``train_gpt.py --help`` stays fast: test_train_gpt's
+    test_help_imports_no_compiler); relu2_mlp's first eager call registers the ops, and relu2_mlp traced by
+    torch.compile before register_ops() stops with an error naming register_ops() (dynamo cannot trace the
+    registration). In a fresh process, so that no other test has registered them or imported the compiler."""
+    code = """
+import sys, torch
+import kernels.mlp as mlp
+print("import", "torch._dynamo" in sys.modules or "torch._inductor" in sys.modules, bool(mlp._OPS))
+f = torch.compile(lambda a, b, c: mlp.relu2_mlp(a, b, c), backend="eager", fullgraph=True)
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+x, w, w2 = (torch.randn(n, 16, device=dev) for n in (8, 32, 32))
+try:
+    f(x, w, w2)
+    print("compiled without register_ops")
+except Exception as e:
+    print("compile", "dynamo cannot trace the ops' registration" in str(e), bool(mlp._OPS))
+torch._dynamo.reset()
+out = mlp.relu2_mlp(x, w, w2)
+print("eager", bool(mlp._OPS), out.shape == (8, 16) and bool(out.isfinite().all()))  # its numbers: tests above
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:-1] == ["import False False", "compile True False", "eager True True"], run.stdout
 
 
 def test_aot_autograd_traces_the_op_into_both_kernel_launches():
@@ -548,6 +580,7 @@ def test_aot_autograd_traces_the_op_into_both_kernel_launches():
 import torch
 import kernels.mlp as mlp
 from functorch.compile import aot_function, make_boxed_func
+mlp.register_ops()
 mlp.check_kernel_device = lambda name, device: None
 joint = []
 class Traced(Exception):
@@ -601,6 +634,7 @@ def test_relu2_mlp_kernels_trace_into_the_compiled_graph(act_only):
     torch._dynamo.reset()
     x, w_fc, _, w_proj_t = inputs(256, 512, 128, torch.bfloat16, seed=4)
     backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    register_ops()
     fn = torch.compile(lambda *a: relu2_mlp(*a, act_only=act_only), fullgraph=True, dynamic=False, backend=backend)
     fn(x.requires_grad_(), w_fc, w_proj_t).float().sum().backward()
     torch._dynamo.reset()
@@ -631,6 +665,7 @@ def test_relu2_mlp_under_the_cpp_wrapper_is_the_eager_launch(M, dtype, act_only)
     def mlp(x, w_fc, w_proj_t):
         return relu2_mlp(x, w_fc, w_proj_t, act_only)
 
+    register_ops()
     fn = torch.compile(mlp, fullgraph=True, dynamic=False, options=cpp_wrapper_options())  # --cpp-wrapper's
     with torch._inductor.config.patch(force_disable_caches=True):
         got, code = run_and_get_code(lambda: mlp_grads(fn, x, w_fc, w_proj_t, dy))
