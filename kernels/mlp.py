@@ -55,27 +55,27 @@ weights when ``--fused-mlp`` is on (the default): the custom op ``speedrun::relu
 whose implementation calls ``linear_relu2`` then ``act @ w_proj_t`` (cuBLAS) and returns pre and act beside the output
 for its backward (``register_autograd``): the op ``speedrun::linear_relu2_bwd`` (``linear_relu2_bwd``), then the weight
 and input gradients (cuBLAS). With ``--mlp-act-only`` (opt-in, off by default) the act-only mode's ops
-``speedrun::relu2_mlp_act_only`` and ``speedrun::linear_relu2_bwd_act`` (``linear_relu2_act``,
-``linear_relu2_bwd_act``) take their places. The ops are registered at first use (``register_ops``: registering
-imports torch's compiler, which ``train_gpt.py --help`` need not pay). Ops, not an autograd.Function: dynamo
-records an autograd.Function as the ``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes
-over the whole graph; an op is one node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
+``speedrun::relu2_mlp_act_only`` and ``speedrun::linear_relu2_bwd_act`` (``linear_relu2_act``, ``linear_relu2_bwd_act``)
+take their places. The ops are registered at first use (``register_ops``: registering imports torch's compiler, which
+``train_gpt.py --help`` need not pay). Ops, not an autograd.Function: dynamo records an autograd.Function as the
+``autograd_function_apply`` higher-order op, for which AOT autograd's cache passes over the whole graph; an op is one
+node it caches. Inside the trainer's compiled region AOT autograd traces the ops' implementations, launchers included
 (every check they make there is on shapes, dtypes and strides; ``_traced`` tells a traced operand: fake tensors), where
 ``wrap_triton`` records each launch, so the kernels are user-defined Triton kernels of inductor's graph, launched from
 inductor's own code (from C++ under ``--cpp-wrapper``) like the kernels it generates: no call back into Python per
-launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two directions). What AOT autograd's cache key
-holds of them: the source of the kernels torch finds in the op that dynamo's graph calls (both, by reading
-``wrap_triton``'s arguments in ``_launch``) and of the @triton.jit functions they call, not the Python of the
-launchers, the ops or the backward (tiles, grid, the matmuls around the kernels); so the ops take ``SOURCE_KEY``, the
-hash of this file, as an argument that dynamo writes into its graph: an edit anywhere here is a new key, and a cached
-graph never runs old launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain tensor and integer
-arguments (a graph whose user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its
-launcher keys the compiled kernel by the function's name (one function for both directions would run the forward's
-cubin in the backward; the act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch
-for every program, which ``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512
-bytes for the whole grid). ``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph
-finds no compiled kernel to load. The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in
-notes/measurements.md (``python -m benchmarks --only mlp``).
+launch (176 launches per step at stage 0: 11 layers, 8 micro-steps, two directions). What AOT autograd's cache key holds
+of them: the source of the kernels torch finds in the op that dynamo's graph calls (both, by reading ``wrap_triton``'s
+arguments in ``_launch``) and of the @triton.jit functions they call, not the Python of the launchers, the ops or the
+backward (tiles, grid, the matmuls around the kernels); so the ops take ``SOURCE_KEY``, the hash of this file, as an
+argument that dynamo writes into its graph: an edit anywhere here is a new key, and a cached graph never runs old
+launches. Torch 2.11's C++ wrapper needs three things of the kernels: plain tensor and integer arguments (a graph whose
+user kernel takes host-made ``TensorDescriptor``s does not compile); two functions, since its launcher keys the compiled
+kernel by the function's name (one function for both directions would run the forward's cubin in the backward; the
+act-only mode is a constexpr of each, since a run's graphs use one mode); and global scratch for every program, which
+``scratch_per_program_in_cpp_wrapper`` arranges (its C++ code allocates one program's 512 bytes for the whole grid).
+``--cpp-wrapper``'s options add ``triton.store_cubin``, without which a backward graph finds no compiled kernel to load.
+The measured speed of these kernels against cuBLAS + a fused pointwise kernel is in notes/measurements.md
+(``python -m benchmarks --only mlp``).
 """
 import hashlib
 import inspect
@@ -461,13 +461,19 @@ def register_ops():
         M, H = x.shape[0], w_fc.shape[0]
         return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H)), x.new_empty((M, H))
 
-    @triton_op("speedrun::linear_relu2_bwd", mutates_args=())
-    def _linear_relu2_bwd_op(g: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        return linear_relu2_bwd(g, w2, pre)
+    def backward_op(name, launcher):
+        """The backward kernel's launcher as the op speedrun::NAME: (g, w2, saved pre or act) -> dpre."""
+        @triton_op(f"speedrun::{name}", mutates_args=())
+        def op(g: torch.Tensor, w2: torch.Tensor, saved: torch.Tensor) -> torch.Tensor:
+            return launcher(g, w2, saved)
 
-    @_linear_relu2_bwd_op.register_fake
-    def _(g, w2, pre):
-        return g.new_empty((g.shape[0], w2.shape[0]))
+        @op.register_fake
+        def _(g, w2, saved):
+            return g.new_empty((g.shape[0], w2.shape[0]))
+        return op
+
+    _linear_relu2_bwd_op = backward_op("linear_relu2_bwd", linear_relu2_bwd)
+    _linear_relu2_bwd_act_op = backward_op("linear_relu2_bwd_act", linear_relu2_bwd_act)
 
     def _relu2_mlp_setup_context(ctx, inputs, output):
         x, w_fc, w_proj_t, _ = inputs
@@ -495,14 +501,6 @@ def register_ops():
     def _(x, w_fc, w_proj_t, source_key):
         M, H = x.shape[0], w_fc.shape[0]
         return x.new_empty((M, w_proj_t.shape[1])), x.new_empty((M, H))
-
-    @triton_op("speedrun::linear_relu2_bwd_act", mutates_args=())
-    def _linear_relu2_bwd_act_op(g: torch.Tensor, w2: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        return linear_relu2_bwd_act(g, w2, act)
-
-    @_linear_relu2_bwd_act_op.register_fake
-    def _(g, w2, act):
-        return g.new_empty((g.shape[0], w2.shape[0]))
 
     def _relu2_mlp_act_only_setup_context(ctx, inputs, output):
         x, w_fc, w_proj_t, _ = inputs
