@@ -36,14 +36,18 @@ def ceilings_for(gpu_name, fallback=None):
 
 
 def git_sha():
-    """The commit that ran; GIT_SHA in the environment wins (copies of the tree without .git, e.g. GPU hosts)."""
+    """The commit that ran, followed by " (+ uncommitted changes)" where tracked files differ from it (then only the
+    log's source dump says what ran; so too where a copy of the tree carries another commit's .git); GIT_SHA in the
+    environment wins (copies of the tree without .git, e.g. GPU hosts)."""
     if os.environ.get("GIT_SHA"):
         return os.environ["GIT_SHA"]
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, capture_output=True).returncode
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return sha + (" (+ uncommitted changes)" if changed == 1 else "")
 
 
 def keep_freed_memory():

@@ -1,6 +1,6 @@
 """Tests of kernels/hardware.py: the GPU ceilings lookup (the benchmarks' roofline and the trainer's MFU line),
-git_sha (the environment wins; outside a git checkout "unknown"), the CPU runs' malloc setting and sm_count traced
-by torch.compile without a warning."""
+git_sha (the environment wins; a checkout's HEAD, marked when tracked files differ; outside one "unknown"), the CPU
+runs' malloc setting and sm_count traced by torch.compile without a warning."""
 import collections
 import subprocess
 import warnings
@@ -20,13 +20,25 @@ def test_ceilings_for_matches_a_substring_of_the_gpu_name():
 
 
 def test_git_sha(monkeypatch, tmp_path):
+    """GIT_SHA wins; in a checkout the HEAD commit, marked " (+ uncommitted changes)" once a tracked file differs
+    from it (an untracked file is not the code that ran: not marked); without .git "unknown"."""
     monkeypatch.setenv("GIT_SHA", "abc123")
     assert hardware.git_sha() == "abc123"
     monkeypatch.delenv("GIT_SHA")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=hardware.REPO, capture_output=True, text=True)
-    if head.returncode == 0:  # a clone (CI copies the tree with its .git)
-        assert hardware.git_sha() == head.stdout.strip()
-    monkeypatch.setattr(hardware, "REPO", tmp_path)  # a copy of the tree without .git
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    (repo / "train_gpt.py").write_text("print(1)\n")
+    for cmd in (["init", "-q"], ["add", "train_gpt.py"], ["commit", "-q", "-m", "one"]):
+        subprocess.run(git + cmd, cwd=repo, check=True, capture_output=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(hardware, "REPO", repo)
+    (repo / "notes.txt").write_text("untracked\n")
+    assert hardware.git_sha() == head
+    (repo / "train_gpt.py").write_text("print(2)\n")
+    assert hardware.git_sha() == head + " (+ uncommitted changes)"
+    monkeypatch.setattr(hardware, "REPO", tmp_path / "copy")  # a copy of the tree without .git
+    (tmp_path / "copy").mkdir()
     assert hardware.git_sha() == "unknown"
 
 
