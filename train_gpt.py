@@ -57,7 +57,8 @@ if not torch.cuda.is_available():
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from checkpoints import load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters, tidy_checkpoints
+from checkpoints import (ADDED_PARAMS, load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters,
+                         tidy_checkpoints)
 from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
 from compilation import Compilation, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
@@ -1539,8 +1540,9 @@ def load_model(path, d):
     ck = read_checkpoint(path, 0)
     hp = saved_hyperparameters(path, ck, Hyperparameters, Stage)
     params = {k: v.to(d.device) for k, v in ck["params"].items()}
-    if "xsa_alpha" not in params:  # written before --xsa (checkpoints.ADDED_PARAMS): XSA off, its alpha at init
-        params["xsa_alpha"] = torch.zeros(hp.num_layers, hp.num_heads, device=d.device)
+    for k, init in ADDED_PARAMS.items():  # a checkpoint written before the feature: its parameter at init
+        if k not in params:
+            params[k] = init(hp).to(d.device)
     return hp, params, build_fns(hp, d.device, compile_model=False)
 
 
