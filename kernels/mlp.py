@@ -28,11 +28,13 @@ For r a value of the dtype (the stored relu(pre)) and act = rnd(r^2) a normal nu
 bf16 and fp16 value), and so does the rounding of any fp32 value within 2^-20 of sqrt(act), relative: sqrt(act)
 lies at least 2^-10.1 (bf16) or 2^-13.2 (fp16) from a rounding boundary. So the approximate fp32 square root
 (``tl.sqrt``, within a few fp32 ulps) serves as well as IEEE's ``tl.sqrt_rn``, an instruction sequence per element
-in the epilogue: the ReLU' factor, hence dpre, has the default's bits. Where act is below the dtype's smallest
-normal (bf16: relu(pre) < 2^-63, in practice never; fp16: relu(pre) < 2^-7) act's error is absolute, up to half a
-subnormal spacing, and so is the factor's (tests/test_mlp.py derives the bound). What it saves per call: the
-forward's (M, N) write of pre, and the backward reads act where it read pre (the same bytes): at M = 16384 and
-N = 3072, 100 MB of the forward's 304 MB (x, w, pre, act). The caller saves act for W_proj's gradient anyway, so
+in the epilogue: the ReLU' factor, hence dpre, has the default's bits. fp32 operands (the tests' path) keep
+``tl.sqrt_rn``: sqrt_rn(fl(r^2)) = r in fp32, where no rounding to a shorter dtype absorbs an approximation's
+error. Where act is below the dtype's smallest normal (bf16: relu(pre) < 2^-63, in practice never; fp16:
+relu(pre) < 2^-7) act's error is absolute, up to half a subnormal spacing, and so is the factor's
+(tests/test_mlp.py derives the bound). What it saves per call: the forward's (M, N) write of pre, and the backward
+reads act where it read pre (the same bytes): at M = 16384 and N = 3072, 100 MB of the forward's 304 MB (x, w,
+pre, act). The caller saves act for W_proj's gradient anyway, so
 the backward's memory holds one (M, N) tensor per layer instead of two.
 
 Dtype policy: bf16 (training) and fp16 multiply on tensor cores with fp32 accumulation; fp32 inputs use exact
@@ -166,8 +168,8 @@ def _linear_relu2_tiles(
                 acc = tl.dot(a, b.T, acc)
         # the two column halves of the tile, one after the other
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD, ACT_ONLY)
-        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD, ACT_ONLY)
+        _epilogue(left, row, col, c_desc, aux_desc, BACKWARD, ACT_ONLY, IEEE)
+        _epilogue(right, row, col + HALF, c_desc, aux_desc, BACKWARD, ACT_ONLY, IEEE)
 
 
 # Two kernels, not one with BACKWARD as its argument: torch 2.11's C++ launcher keys the compiled kernels it loads by
@@ -192,14 +194,18 @@ def _linear_relu2_bwd_kernel(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K, stride_a, st
 
 
 @triton.jit
-def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr, ACT_ONLY: tl.constexpr):
+def _epilogue(part, row, col, c_desc, aux_desc, BACKWARD: tl.constexpr, ACT_ONLY: tl.constexpr, IEEE: tl.constexpr):
     """Half a tile of fp32 accumulators at (row, col) -> pre and act (forward; ACT_ONLY: act alone, to C), or dpre
     (backward; relu(pre) from the saved pre, ACT_ONLY: from the saved act, the approximate fp32 sqrt(act) rounded to
-    act's dtype, which gives back the stored relu(pre) wherever act is normal)."""
+    act's dtype, which gives back the stored relu(pre) wherever act is normal; fp32 operands (IEEE) take the correctly
+    rounded sqrt, as rounding to fp32 leaves no margin for the approximation's error)."""
     if BACKWARD:
         saved = aux_desc.load([row, col]).to(tl.float32)
         if ACT_ONLY:
-            relu = tl.sqrt(saved).to(aux_desc.dtype).to(tl.float32)
+            if IEEE:
+                relu = tl.sqrt_rn(saved)
+            else:
+                relu = tl.sqrt(saved).to(aux_desc.dtype).to(tl.float32)
         else:
             relu = tl.maximum(saved, 0.0)
         c_desc.store([row, col], (part * (2.0 * relu)).to(c_desc.dtype))
