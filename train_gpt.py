@@ -504,6 +504,15 @@ def rotary(x, cos, sin):
     return x * cos + swapped * sin
 
 
+def pair_heads(t):
+    """(T, H, D) -> (2T, H/2, D), row 2t + j holding heads j H/2 .. (j + 1) H/2 - 1 of token t: the paired-head
+    layers' interleaved sequence. A split of the head dimension, then a merge of T with the 2: with T a dynamic size
+    (--dynamic-tokens) inductor indexes that as a view of its input, where ``reshape(2T, H/2, D)`` took an index
+    modulo 6T it could not prove redundant and copied q, k and v in every paired layer (a kernel per tensor)."""
+    T, H, D = t.shape
+    return t.view(T, 2, H // 2, D).flatten(0, 1)
+
+
 def offset_keys(k, bos):
     """k (T, H, D) with k[t]'s position-free dims (the rotary pairs of zero frequency) taken from k[t-1], except at
     t = 0 and where bos[t] ((T,) bool; the public record shifts across documents too): one layer can then form
@@ -564,7 +573,7 @@ def make_attn_sublayer(hp, attend):
             # The public record's construction: each token's H*D values read as two tokens of H/2 heads, so
             # new head j sees old head j at position 2t and old head j + H/2 at 2t + 1 (queries of one attend
             # to keys of both); windows count tokens of the 2T sequence (half the reach).
-            q, k, v = (t.reshape(2 * T, H // 2, D) for t in (q, k, v))
+            q, k, v = (pair_heads(t) for t in (q, k, v))
         y = attend(q, k, v, seq, window, 1.0).reshape(T, H, D)
         if xsa is not None:
             y = y - xsa.to(y.dtype)[:, None] * xsa_part(y, v)

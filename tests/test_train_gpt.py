@@ -1603,6 +1603,41 @@ def _first_micro_batches(hp, files):
     return out
 
 
+def test_pair_heads_interleaves_and_stays_a_view_under_dynamic_tokens():
+    """pair_heads (T, H, D) -> (2T, H/2, D), the paired-head layers' sequence: row 2t + j holds token t's heads
+    j H/2 .. (j + 1) H/2 - 1 (written again here, element by element), a view of its input in eager; and compiled
+    by inductor (its CPU code) between a computed tensor and a matmul that needs it realised, with T a dynamic size
+    (--dynamic-tokens), its code takes no index modulo a symbolic size and runs one kernel, the norm's, where
+    reshape(2T, H/2, D) indexed modulo 6T and copied the tensor in a second kernel."""
+    from torch._inductor.utils import run_and_get_code
+    T, H, D = 5, 6, 4
+    t = torch.randn(T, H, D)
+    out = tg.pair_heads(t)
+    assert out.shape == (2 * T, H // 2, D) and out.data_ptr() == t.data_ptr()
+    for tok in range(T):
+        for j in range(2):
+            for i in range(H // 2):
+                assert torch.equal(out[2 * tok + j, i], t[tok, j * (H // 2) + i]), (tok, j, i)
+
+    w = torch.randn(D, D)
+
+    def f(x):
+        return torch.mm(tg.pair_heads(tg.rms_norm(x) * 2.0).flatten(0, 1), w)
+
+    x = torch.randn(48, H, D)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # the code is generated, not read from a cache
+        y, codes = run_and_get_code(torch.compile(f, fullgraph=True), x)
+    torch._dynamo.reset()
+    assert torch.allclose(y, f(x), rtol=1e-5, atol=1e-5)
+    code = "\n".join(codes)
+    assert "ks0" in code, "the row count is not a dynamic size in the compiled code"
+    wraps = re.findall(r"%[^;\n]*ks\d", code)
+    assert not wraps, f"an index modulo a dynamic size: {wraps[:2]}"
+    assert code.count('extern "C"') == 1, "more than the norm's kernel: the paired heads were copied"
+
+
 @pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic_tokens", "static"])
 def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic):
     """--dynamic-tokens: train_step, compiled as build_fns compiles it (fullgraph, dynamic=False), is one graph for
