@@ -1391,8 +1391,12 @@ def warmup(trainer, log=None):
     """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
     every micro-batch shape (the first stage's with and without the slow Adam groups; with --dynamic-tokens only
     the first compiles, the others run for their first launches), the untie and an untied slow step, a validation
-    micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Returns [(phase, seconds)], each
-    also logged as it ends (``compile_phase:``)."""
+    micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. With --dynamic-tokens the
+    longest micro-batch goes first: inductor takes its kernels' size hints from the length it compiles at and
+    picks each kernel's configuration once, at its first launch, and the longest stages take most of a run's time
+    (compiled at the first stage's length, the one-program sums over T ran at 2.3x the static graph's time in
+    stage 2: the H100 profile of notes/2026-11-27_MlpOpsAotCache). Returns [(phase, seconds)], each also logged
+    as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
 
@@ -1406,13 +1410,16 @@ def warmup(trainer, log=None):
             log(f"compile_phase: {name}: {phases[-1][1]:.1f} s")
 
     seen = set()
-    for i, (start, end, stage) in enumerate(stage_bounds(hp)):
+    stages = list(enumerate(stage_bounds(hp)))
+    if hp.dynamic_tokens:  # the one graph compiles at the longest micro-batch (see the docstring)
+        stages.sort(key=lambda s: -micro_tokens_at(hp, s[1][0]))
+    for i, (start, end, stage) in stages:
         T = micro_tokens_at(hp, start)
         if start >= end or T in seen:
             continue  # same shape as an earlier stage: its windows and YaRN tables are tensor arguments
         seen.add(T)
         trainer.loader.rewind(start)
-        steps = range(start, min(start + (hp.adam_every if not phases else 1), end))
+        steps = range(start, min(start + (hp.adam_every if i == 0 else 1), end))
         for t in steps:  # the first stage also steps once with and once without the slow Adam groups
             timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
     # An untied slow step (the last stage's first, or the first after the untie): the untie and the untied Adam

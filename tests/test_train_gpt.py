@@ -469,6 +469,25 @@ def test_warmup_runs_the_untied_adam_update(smoke_data, device, monkeypatch):
         assert torch.equal(v, tr.initial[k]), k
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic_tokens"])
+def test_warmup_order_of_the_micro_batch_lengths(smoke_data, device, dynamic):
+    """The warmup steps each micro-batch length once, the first stage's with and without the slow Adam groups (its
+    steps 0 and 1 with adam_every=2); in the schedule's order by default, and with --dynamic-tokens the longest
+    length first (the one graph compiles there: inductor's size hints and kernel choices are that length's). The
+    smoke schedule's lengths: 128, then 256 (twice: the second stage and the extension)."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), adam_every=2,
+                                  dynamic_tokens=dynamic, **TWO_LAYERS)
+    bounds = tg.stage_bounds(hp)
+    tr = tg.Trainer(hp, Dist(device=torch.device(device)), shard_files(hp.train_files),
+                    shard_files(hp.val_files))
+    names = [name for name, _ in tg.warmup(tr) if name.startswith("stage")]
+    first = ["stage0 T=128 step 0", "stage0 T=128 step 1"]
+    second = [f"stage1 T=256 step {bounds[1][0]}"]
+    assert names == (second + first if dynamic else first + second), names
+    assert tr.opt.tied and all(g.step == 0 for g in tr.opt.groups.values())
+
+
 def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_path, monkeypatch):
     """Record #74 runs gc.collect() before its clock starts; ours also freezes what survives, so that a full
     collection during a timed step walks only the objects made since, and unfreezes at the end. Spec: cyclic
