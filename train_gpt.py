@@ -507,8 +507,8 @@ def rotary(x, cos, sin):
 def pair_heads(t):
     """(T, H, D) -> (2T, H/2, D), row 2t + j holding heads j H/2 .. (j + 1) H/2 - 1 of token t: the paired-head
     layers' interleaved sequence. A split of the head dimension, then a merge of T with the 2: with T a dynamic size
-    (--dynamic-tokens) inductor indexes that as a view of its input, where ``reshape(2T, H/2, D)`` took an index
-    modulo 6T it could not prove redundant and copied q, k and v in every paired layer (a kernel per tensor)."""
+    (--dynamic-tokens) inductor indexes that as a view of its input; ``reshape(2T, H/2, D)`` gives it an index
+    modulo 6T that it cannot prove redundant, and it copies the tensor (a kernel per q, k and v)."""
     T, H, D = t.shape
     return t.view(T, 2, H // 2, D).flatten(0, 1)
 
@@ -1393,10 +1393,8 @@ def warmup(trainer, log=None):
     the first compiles, the others run for their first launches), the untie and an untied slow step, a validation
     micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. With --dynamic-tokens the
     longest micro-batch goes first: inductor takes its kernels' size hints from the length it compiles at and
-    picks each kernel's configuration once, at its first launch, and the longest stages take most of a run's time
-    (compiled at the first stage's length, the one-program sums over T ran at 2.3x the static graph's time in
-    stage 2: the H100 profile of notes/2026-11-27_MlpOpsAotCache). Returns [(phase, seconds)], each also logged
-    as it ends (``compile_phase:``)."""
+    picks each kernel's configuration once, at its first launch, and the longest stages take most of a run's time.
+    Returns [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
 

@@ -1626,8 +1626,8 @@ def test_pair_heads_interleaves_and_stays_a_view_under_dynamic_tokens():
     """pair_heads (T, H, D) -> (2T, H/2, D), the paired-head layers' sequence: row 2t + j holds token t's heads
     j H/2 .. (j + 1) H/2 - 1 (written again here, element by element), a view of its input in eager; and compiled
     by inductor (its CPU code) between a computed tensor and a matmul that needs it realised, with T a dynamic size
-    (--dynamic-tokens), its code takes no index modulo a symbolic size and runs one kernel, the norm's, where
-    reshape(2T, H/2, D) indexed modulo 6T and copied the tensor in a second kernel."""
+    (--dynamic-tokens), its code takes no index modulo a symbolic size and runs one kernel, the norm's
+    (reshape(2T, H/2, D) indexes modulo 6T and copies the tensor in a second kernel)."""
     from torch._inductor.utils import run_and_get_code
     T, H, D = 5, 6, 4
     t = torch.randn(T, H, D)
