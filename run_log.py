@@ -156,6 +156,47 @@ def open_log(hp, args, d, train_files, val_files, run_id, continues=None):
     return log
 
 
+def seconds_since_launch(proc="/proc"):
+    """Seconds since the run was launched: since torchrun started where this process's parent is torchrun (its
+    agent starts the ranks and imports torch first), else since this process started; from /proc (Linux), None
+    where it cannot be read."""
+    try:
+        uptime = float(Path(proc, "uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def started(pid):  # field 22 of /proc/PID/stat, after the parenthesised command name (which may hold spaces)
+            return int(Path(proc, str(pid), "stat").read_text().rsplit(")", 1)[1].split()[19]) / ticks
+
+        me = started("self")
+        parent = Path(proc, str(os.getppid()), "cmdline").read_bytes().replace(b"\0", b" ")
+        if b"torchrun" in parent or b"torch.distributed.run" in parent:
+            me = started(os.getppid())
+        return max(0.0, uptime - me)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartupClock:
+    """The wait from the launch to the compile warmup, by phase: ``lap(name)`` ends a phase, ``line()`` is the
+    log's ``startup_s:`` line. The first phase (launch to main: torchrun, the interpreter, the imports) is
+    ``seconds_since_launch`` when the clock starts, and is left out where /proc is not there."""
+
+    def __init__(self, since_launch):
+        self.t = time.perf_counter()
+        self.phases = [] if since_launch is None else [("launch to main", since_launch)]
+
+    def lap(self, name):
+        now = time.perf_counter()
+        self.phases.append((name, now - self.t))
+        self.t = now
+
+    def line(self):
+        total = sum(s for _, s in self.phases)
+        where = "the launch" if self.phases and self.phases[0][0] == "launch to main" else "main"
+        parts = ", ".join(f"{name} {s:.1f}" for name, s in self.phases)
+        return f"startup_s: {total:.1f} (from {where} to the compile warmup: {parts})"
+
+
 class StepClock:
     """The train time, and when each timed training step finished on the device: the step lines' times.
 

@@ -74,7 +74,7 @@ from kernels.dispatch import StepKernels
 from kernels.embedding import cpu_embedding, embedding, prepare_ids
 from kernels.mlp import register_ops as register_mlp_ops, relu2_mlp
 from profiling import profile_stages
-from run_log import StepClock, log_summary, path_lines
+from run_log import StartupClock, StepClock, log_summary, path_lines, seconds_since_launch
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -1303,13 +1303,16 @@ class TrainLoader(BackgroundLoader):
 class Trainer:
     """State of one run: parameters, optimizer, loader, compiled functions; train_step / validate."""
 
-    def __init__(self, hp, d, train_files, val_files):
+    def __init__(self, hp, d, train_files, val_files, lap=lambda phase: None):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
         self.params = init_params(hp, d.device, hp.seed)
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
+        lap("parameters")
         self.opt = Optimizer(hp, self.params, d)
+        lap("optimizer")
         self.fns = build_fns(hp, d.device, hp.compile)
+        lap("model functions")
         self.loader = TrainLoader(hp, train_files, d, lambda s: micro_tokens_at(hp, s))
         self.val_tokens = load_shard(val_files[0], mmap=True)
         # Validation: whole global micro-batches of val_micro_tokens (+1), a multiple of SLOTS.
@@ -1327,6 +1330,7 @@ class Trainer:
                                  dtype=torch.float32, device=d.device) for s in range(hp.total_steps)]
         # --hellaswag-every: examples rendered and packed once, scored by the eager model (sequence_logits)
         self.hellaswag = HellaSwag(hp, d, BLOCK) if hp.hellaswag_every > 0 else None
+        lap("loaders")
 
     def reset(self):
         """Back to the initial state (after the compile warmup)."""
@@ -1439,17 +1443,19 @@ def warmup(trainer, log=None):
     return phases
 
 
-def train(hp, args, d):
+def train(hp, args, d, startup):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
     run_failed:, Ctrl-C with run_interrupted: (cli.Interrupted). Returns (log path, checkpoint folder)."""
     hp, train_files, val_files, log, ckpt_dir = open_run(hp, args, d)
+    startup.lap("shards and log")
     step = None  # the step the timed loop is at (None before it)
     with run_outcome(log, args, ckpt_dir, hp.total_steps, lambda: step):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
-        trainer = Trainer(hp, d, train_files, val_files)
+        startup.lap("compile cache")
+        trainer = Trainer(hp, d, train_files, val_files, startup.lap)
         fns = trainer.fns
         for name, path in (("lm_head_matmul", fns.head_path), ("embedding_backward", fns.embed_path),
                            ("mlp", fns.mlp_path), ("compile_options", fns.compile_path)):
@@ -1458,6 +1464,7 @@ def train(hp, args, d):
             log(f"xsa: layers {', '.join(map(str, hp.xsa_layers))} (the attention layers without paired heads)")
         log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
+        log(startup.line())
         compiling.warmup(lambda: warmup(trainer, log))
         if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
             profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
@@ -1506,8 +1513,11 @@ def train(hp, args, d):
                         res = trainer.hellaswag.evaluate(model)
                         log(f"step:{step}/{T} hellaswag_acc_norm:{res['acc_norm']:.4f}")
                     if save:
-                        save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state, clock.ms,
-                                        d, hp, log.path, args.keep_last)
+                        t0 = time.perf_counter()
+                        path = save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state,
+                                               clock.ms, d, hp, log.path, args.keep_last)
+                        size = sum(f.stat().st_size for f in path.iterdir())
+                        log(f"checkpoint_saved: {path} {size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s")
                     clock.start()
                 if last:
                     break
@@ -1568,18 +1578,20 @@ def main(argv=None):
     """Train, or with --sample / --hellaswag evaluate a checkpoint; returns what that mode returns (training: the
     log's path and the checkpoint folder). cli.py reads and checks the flags before any work, and makes a bad
     setting one line with exit code 2 and Ctrl-C exit code 130."""
+    startup = StartupClock(seconds_since_launch())
     args, hp = parse_args(argv, Hyperparameters, smoke_hyperparameters, __doc__.split("\n")[0])
     with one_line_errors():
         check_settings(hp, args, check_world_size, untie_step, BLOCK)
         set_up_process(args)
         d = setup_distributed()
+        startup.lap("process group")
         try:
             if args.sample:
                 return sample(args, d, load_model, model_logits)
             if args.hellaswag:
                 return evaluate_hellaswag(args, d, load_model, model_logits, BLOCK)
             torch.manual_seed(hp.seed)
-            return train(hp, args, d)
+            return train(hp, args, d, startup)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -112,3 +112,52 @@ def test_step_clock_times_a_step_when_the_device_is_seen_done(monkeypatch):
     assert cpu.finished() == [(7, 2000.0, 3.0)] and cpu.step_ms == {7: 2000.0}
     cpu.wait()
     assert cpu.finished() == []
+
+
+def _fake_proc(root, uptime, me, parent, parent_cmd, ticks):
+    """A /proc with the uptime, this process's stat and its parent's stat and cmdline (start times in seconds
+    since boot; stat's field 22 in clock ticks, after a command name holding spaces and parentheses)."""
+    def stat(pid, start):
+        fields = ["S", "1", "1", "1"] + ["0"] * 15 + [str(int(round(start * ticks)))] + ["0"] * 30
+        (root / pid).mkdir(parents=True, exist_ok=True)
+        (root / pid / "stat").write_text(f"{pid} (py (a) b) " + " ".join(fields) + "\n")
+    root.mkdir()
+    (root / "uptime").write_text(f"{uptime:.2f} 12345.00\n")
+    stat("self", me)
+    stat(str(os.getppid()), parent)
+    (root / str(os.getppid()) / "cmdline").write_bytes(parent_cmd)
+
+
+def test_seconds_since_launch_counts_from_torchrun_else_from_this_process(tmp_path):
+    """Spec: the launch is the parent's start when the parent's command line names torchrun (as the script or as
+    python -m torch.distributed.run), else this process's start; the age is /proc/uptime minus that start (stat's
+    22nd field / clock ticks per second); no /proc: None."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    cases = [(b"/venv/bin/python3\0/venv/bin/torchrun\0--nproc_per_node=8\0train_gpt.py\0", 1000.0 - 990.0),
+             (b"python3\0-m\0torch.distributed.run\0train_gpt.py\0", 1000.0 - 990.0),
+             (b"bash\0-c\0python train_gpt.py\0", 1000.0 - 996.5)]
+    for i, (cmd, want) in enumerate(cases):
+        _fake_proc(tmp_path / str(i), 1000.0, 996.5, 990.0, cmd, ticks)
+        assert abs(run_log.seconds_since_launch(tmp_path / str(i)) - want) < 2 / ticks, cmd
+    assert run_log.seconds_since_launch(tmp_path / "nothing") is None
+    if Path("/proc/self/stat").exists():
+        age = run_log.seconds_since_launch()
+        assert age is not None and 0 <= age < 24 * 3600
+
+
+def test_startup_clock_adds_its_phases_to_the_time_since_launch(monkeypatch):
+    """Spec: line() gives the sum of the phases, then each phase with its seconds in order; a phase runs from the
+    previous lap (or the clock's start) to its own; the first is the time since launch when that is known."""
+    now = [50.0]
+    monkeypatch.setattr(run_log.time, "perf_counter", lambda: now[0])
+    clock = run_log.StartupClock(7.25)
+    now[0] = 52.0
+    clock.lap("process group")
+    now[0] = 62.5
+    clock.lap("parameters")
+    assert clock.line() == ("startup_s: 19.8 (from the launch to the compile warmup: launch to main 7.2, "
+                            "process group 2.0, parameters 10.5)")
+    unknown = run_log.StartupClock(None)
+    now[0] = 63.0
+    unknown.lap("process group")
+    assert unknown.line() == "startup_s: 0.5 (from main to the compile warmup: process group 0.5)"

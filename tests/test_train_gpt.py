@@ -173,6 +173,16 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     assert "run_failed" not in sections[2]
     assert (ckpt_dir / "step_000005" / "rank0.pt").is_file()
     assert (ckpt_dir / "step_000010" / "rank0.pt").is_file()
+    for s in (5, 10):  # each save's line: the folder, its size (rank 0's file alone at world size 1), the seconds
+        mib = (ckpt_dir / f"step_{s:06d}" / "rank0.pt").stat().st_size / 2**20
+        assert re.search(rf"^checkpoint_saved: {re.escape(str(ckpt_dir / f'step_{s:06d}'))} {mib:.0f} MiB in "
+                         r"\d+\.\d s$", sections[2], re.M), s
+    startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2], re.M)
+    phases = dict(p.rsplit(" ", 1) for p in startup[2].split(", "))
+    assert list(phases)[-7:] == ["process group", "shards and log", "compile cache", "parameters", "optimizer",
+                                 "model functions", "loaders"]
+    assert abs(sum(map(float, phases.values())) - float(startup[1])) <= 0.05 * len(phases) + 0.05
+    assert sections[2].index("startup_s:") < sections[2].index("compile_warmup_s:")
 
 
 # The process interrupted: it saves its step-5 checkpoint, says so and waits there for the test's SIGINT. It installs
@@ -513,7 +523,8 @@ def test_timed_loop_starts_its_clock_after_a_full_collection(smoke_data, tmp_pat
     monkeypatch.setattr(tg.Compilation, "timed_run_starts", timed_run_starts)
     monkeypatch.setattr(tg.Trainer, "train_step", train_step)
     monkeypatch.setattr(tg.Trainer, "validate", lambda *a, **k: 0.0)
-    monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: None)
+    (tmp_path / "not_saved").mkdir()
+    monkeypatch.setattr(tg, "save_checkpoint", lambda *a, **k: tmp_path / "not_saved")  # save_checkpoint's folder
     gc.unfreeze()
     try:
         tg.main(_smoke_argv(smoke_data, tmp_path, "gc", "--val-every", "0", *TWO_LAYER_FLAGS))
