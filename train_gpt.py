@@ -1516,8 +1516,9 @@ def train(hp, args, d, startup):
                         t0 = time.perf_counter()
                         path = save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state,
                                                clock.ms, d, hp, log.path, args.keep_last)
-                        size = sum(f.stat().st_size for f in path.iterdir())
-                        log(f"checkpoint_saved: {path} {size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s")
+                        if d.rank == 0:  # the folder is renamed by rank 0 after the others are done
+                            size = sum(f.stat().st_size for f in path.iterdir())
+                            log(f"checkpoint_saved: {path} {size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s")
                     clock.start()
                 if last:
                     break
