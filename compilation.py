@@ -97,11 +97,18 @@ def _us(m, field):
     return (v or 0) / 1e6
 
 
+def _cache_counts(entries, prefix):
+    """(hits, lookups) of one of torch's caches over a frame's metrics entries (None: no entry); a count torch
+    does not record reads 0."""
+    hits = sum(getattr(x, f"{prefix}_hit_count", 0) or 0 for x in entries if x)
+    return hits, hits + sum(getattr(x, f"{prefix}_miss_count", 0) or 0 for x in entries if x)
+
+
 def compile_report(metrics, phases):
     """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
-    Triton compilation, the backward's inductor and Triton time, FX-graph cache hits) and a total; the cache
-    state is "cold" (no graph came from the inductor cache), "warm" (all did) or
-    "partly warm (h of n graphs from the cache)"."""
+    Triton compilation, the backward's inductor and Triton time, the FX-graph and AOT-autograd cache hits) and a
+    total; the cache state, from the FX-graph cache, is "cold" (no graph came from the inductor cache), "warm" (all
+    did) or "partly warm (h of n graphs from the cache)"."""
     lines, hits, lookups = [], 0, 0
     backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
     # frames only: torch also records entries without a code object (runtime events), which carry no times
@@ -115,13 +122,13 @@ def compile_report(metrics, phases):
         b = backward.get(m.compile_id)
         b_total = _us(b, "backward_cumulative_compile_time_us") if b else 0.0
         b_tri = _us(b, "triton_compile_time_us") if b else 0.0
-        h = sum(getattr(x, "inductor_fx_local_cache_hit_count", 0) or 0 for x in (m, b) if x)
-        n = h + sum(getattr(x, "inductor_fx_local_cache_miss_count", 0) or 0 for x in (m, b) if x)
+        h, n = _cache_counts((m, b), "inductor_fx_local_cache")
         hits, lookups = hits + h, lookups + n
+        ah, an = _cache_counts((m, b), "aotautograd_local_cache")
         lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
                      f"{total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
                      f"{ind:.1f} of which triton {tri:.1f}), lazily compiled backward {b_total:.1f} s (triton "
-                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits")
+                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits; aot_autograd_cache {ah}/{an} hits")
     # A frame's inductor time holds both of its graphs where AOT autograd compiles the backward together with
     # the forward (torch 2.11 on our GPUs: the backward's own entry then reads 0).
     frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)

@@ -76,14 +76,15 @@ def test_compile_cache_path_that_is_a_file_is_refused(tmp_path):
 
 def test_compile_report_states_and_lines():
     """The cache state from the FX-graph cache counts (cold / warm / partly warm), one line per frame with its
-    phases, and a total; entries without a code object (runtime events) are left out."""
+    phases and both caches' hits, and a total; entries without a code object (runtime events) are left out."""
     M = types.SimpleNamespace
 
-    def frame(cid, hit, miss):
+    def frame(cid, hit, miss, aot_hit=0, aot_miss=1):
         return M(compile_id=cid, co_name="train_step", is_forward=True, entire_frame_compile_time_s=50.0,
                  aot_autograd_cumulative_compile_time_us=40e6, inductor_cumulative_compile_time_us=30e6,
                  triton_compile_time_us=5e6, graph_op_count=1109, inductor_fx_local_cache_hit_count=hit,
-                 inductor_fx_local_cache_miss_count=miss)
+                 inductor_fx_local_cache_miss_count=miss, aotautograd_local_cache_hit_count=aot_hit,
+                 aotautograd_local_cache_miss_count=aot_miss)
 
     runtime = M(compile_id="0/0", co_name=None, is_forward=True, entire_frame_compile_time_s=None)
     phases = [("stage0", 60.0), ("validation", 10.0)]
@@ -91,7 +92,15 @@ def test_compile_report_states_and_lines():
     assert state == "cold" and len(lines) == 2
     assert lines[0] == ("compile_report: frame train_step [0/0] ops 1109: 50.0 s (dynamo 10.0, aot_autograd 10.0, "
                         "inductor 30.0 of which triton 5.0), lazily compiled backward 0.0 s (triton 0.0); "
-                        "fx_graph_cache 0/2 hits")
+                        "fx_graph_cache 0/2 hits; aot_autograd_cache 0/1 hits")
+    # the AOT-autograd counts of the frame and of its lazily compiled backward add up; a torch without the fields
+    # (an older CompilationMetrics) reads 0/0
+    back = M(compile_id="0/0", co_name=None, is_forward=False, backward_cumulative_compile_time_us=0,
+             triton_compile_time_us=0, aotautograd_local_cache_hit_count=2, aotautograd_local_cache_miss_count=1)
+    assert compile_report([frame("0/0", 1, 1, 1, 0), back], phases)[0][0].endswith(
+        "fx_graph_cache 1/2 hits; aot_autograd_cache 3/4 hits")
+    bare = M(compile_id="1/0", co_name="val_step", is_forward=True, entire_frame_compile_time_s=1.0)
+    assert compile_report([bare], phases)[0][0].endswith("fx_graph_cache 0/0 hits; aot_autograd_cache 0/0 hits")
     assert lines[1].startswith("compile_report: 1 frames compiled, ")
     assert "compile 50.0 s of the warmup's 70.0 s" in lines[1]
     assert compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
