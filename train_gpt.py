@@ -145,7 +145,7 @@ class Hyperparameters:
     adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
-    profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
+    profile_steps: int = 0  # profile N untimed steps per stage start: trace, kernel table, CUDA launch_probe lines
     # CUDA; the same bits as --no-embed-grad-to-acc (dense gradients, folded into the accumulators by the hooks)
     embed_grad_to_acc: bool = True  # embedding backward adds touched rows into the optimizer's fp32 accumulators
     # run
@@ -1375,6 +1375,36 @@ class Trainer:
             return None
         return total.item() if want_loss else None
 
+    def launch_probe(self, step, hold_ms=300.0):
+        """(host ms, device ms) of one training micro-batch of ``step``, CUDA only: its forward and backward are
+        queued while the device is held busy (torch.cuda._sleep), so the host's time to queue their kernels and
+        the device's time to run them back to back come apart. Where the host is the slower, the steps of that
+        length wait on the host. A queueing longer than hold_ms shows in the device time too. The gradients go
+        into the accumulators (launch_probes resets them) and no collective starts."""
+        hp = self.hp
+        self.loader.rewind(step)
+        mb = self.loader.next()[0]
+        head8 = self.fns.head_operands(self.params["lm_head"])
+        accs = self.opt.embedding_accs() if self.fns.embed_accs else None
+        first, last, unit = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(10 ** 6)  # the hold's length in cycles: this device's ms per million cycles
+        unit.record()
+        torch.cuda._sleep(10 ** 6)
+        first.record()
+        first.synchronize()
+        cycles = int(hold_ms / max(unit.elapsed_time(first), 1e-3) * 10 ** 6)
+        torch.cuda._sleep(cycles)
+        first.record()
+        t0 = time.perf_counter()
+        loss = forward(hp, self.params, self.fns, mb, windows_at(hp, step), self.rot_cache, train=True,
+                       mtp=self.mtp[step], accs=accs, head8=head8)
+        (loss / SLOTS).backward()
+        last.record()
+        host = (time.perf_counter() - t0) * 1e3
+        last.synchronize()
+        return host, first.elapsed_time(last)
+
     @torch.no_grad()
     def validate(self, windows, max_micro=None, yarn_long=None):
         """Mean validation loss over contiguous chunks of val_micro_tokens (+1) tokens: rank r takes r, r+W, ..."""
@@ -1443,6 +1473,21 @@ def warmup(trainer, log=None):
     return phases
 
 
+def launch_probes(trainer, log):
+    """--profile-steps on CUDA, after the warmup: one ``launch_probe:`` line per micro-batch length, from the first
+    step of the first stage of that length (Trainer.launch_probe: is the host or the device the slower there?),
+    then a full state reset."""
+    hp, seen = trainer.hp, set()
+    for i, (start, end, _) in enumerate(stage_bounds(hp)):
+        T = micro_tokens_at(hp, start)
+        if start < end and T not in seen:
+            seen.add(T)
+            host, device = trainer.launch_probe(start)
+            log(f"launch_probe: stage{i} T={T}: host {host:.1f} ms to queue one micro-batch's forward and backward, "
+                f"device {device:.1f} ms to run them")
+    trainer.reset()
+
+
 def train(hp, args, d, startup):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
@@ -1466,6 +1511,8 @@ def train(hp, args, d, startup):
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         log(startup.line())
         compiling.warmup(lambda: warmup(trainer, log))
+        if hp.profile_steps > 0 and d.device.type == "cuda":
+            launch_probes(trainer, log)
         if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
             profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
                            lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)

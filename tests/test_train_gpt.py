@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -177,7 +178,8 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
         mib = (ckpt_dir / f"step_{s:06d}" / "rank0.pt").stat().st_size / 2**20
         assert re.search(rf"^checkpoint_saved: {re.escape(str(ckpt_dir / f'step_{s:06d}'))} {mib:.0f} MiB in "
                          r"\d+\.\d s$", sections[2], re.M), s
-    startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2], re.M)
+    startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2],
+                        re.M)
     phases = dict(p.rsplit(" ", 1) for p in startup[2].split(", "))
     assert list(phases)[-7:] == ["process group", "shards and log", "compile cache", "parameters", "optimizer",
                                  "model functions", "loaders"]
@@ -1308,6 +1310,52 @@ def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_dat
     assert sorted(steps) == [1, 2] and sorted(vals) == [2]
     if not HAS_CUDA:
         assert steps == steps_ref and vals == vals_ref, "profiling changed the run"
+    else:  # one launch probe per micro-batch length, in stage order, before the profiled steps
+        probes = re.findall(r"^launch_probe: stage(\d) T=(\d+): host (\S+) ms to queue one micro-batch's forward "
+                            r"and backward, device (\S+) ms to run them$", events, re.M)
+        hp = tg.smoke_hyperparameters()  # stages 0 and 1: micro-batches of 128 and 256 tokens
+        assert [(int(i), int(T)) for i, T, _, _ in probes] == [(0, hp.stages[0].batch_tokens // tg.SLOTS),
+                                                                (1, hp.stages[1].batch_tokens // tg.SLOTS)]
+        assert all(float(h) > 0 and float(dev) > 0 for _, _, h, dev in probes)
+        assert events.index("launch_probe: stage1") < events.index("profile_stage0:")
+
+
+def test_launch_probes_take_the_first_step_of_each_micro_batch_length_then_reset():
+    """Spec: stages in order; a stage whose micro-batch length an earlier stage had, or with no steps, is not
+    probed again; each probe is one line with the stage, the length and both times; then one full reset."""
+    stages = (tg.Stage(0.25, 1024, (1, 1), 1.0, 96), tg.Stage(0.5, 1024, (1, 2), 1.0, 96),
+              tg.Stage(1.0, 2048, (1, 2), 1.0, 192), tg.Stage(None, 2048, (2, 2), 1.0, 192))
+    hp = tg.smoke_hyperparameters(stages=stages, scheduled_steps=8, extension_steps=2)
+    calls = []
+    trainer = types.SimpleNamespace(hp=hp, launch_probe=lambda step: calls.append(step) or (1.25, 3.5),
+                                     reset=lambda: calls.append("reset"))
+    lines = []
+    tg.launch_probes(trainer, lines.append)
+    assert calls == [0, 4, "reset"]
+    assert lines == ["launch_probe: stage0 T=128: host 1.2 ms to queue one micro-batch's forward and backward, "
+                     "device 3.5 ms to run them",
+                     "launch_probe: stage2 T=256: host 1.2 ms to queue one micro-batch's forward and backward, "
+                     "device 3.5 ms to run them"]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the launch probe holds and times a CUDA device")
+def test_launch_probe_times_the_host_and_the_device_apart(smoke_data):
+    """Spec of Trainer.launch_probe: one micro-batch's forward and backward, host time = the wall time to queue
+    them, device time = from the device's first to its last kernel of them. Without a hold the device waits on the
+    host, so its time is at least the host's (it cannot end before the last kernel is queued); with the device
+    held busy meanwhile, the hold is not counted (the smoke model runs in far less than the 300 ms hold). The
+    gradient lands in the accumulators, and the probe leaves the parameters as they were."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+    tr = tg.Trainer(hp, Dist(device=torch.device("cuda")), shard_files(hp.train_files), shard_files(hp.val_files))
+    before = {k: v.detach().clone() for k, v in tr.params.items()}
+    host, device = tr.launch_probe(0, hold_ms=0.0)
+    assert host > 0 and device >= host - 0.5, (host, device)
+    host, device = tr.launch_probe(0, hold_ms=300.0)
+    assert host > 0 and 0 < device < 150.0, (host, device)
+    assert all(torch.equal(before[k], v) for k, v in tr.params.items())
+    assert any(g.acc.abs().sum() > 0 for g in tr.opt.groups.values())
+    tr.loader.close()
 
 
 # ----------------------------------------------------------------------------------------------------
