@@ -20,7 +20,8 @@ banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm
 a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
 prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
 embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
-beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers.
+beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
+--one-stream, public record #77's single residual stream (make_layers).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -123,6 +124,7 @@ class Hyperparameters:
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
     # opt-in model features (beyond record #74; off by default)
     xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
+    one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
     # schedule
     scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -595,14 +597,15 @@ def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
-def attn_residual(lane0, lane1, out, inject, resid, post):
+def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
-    lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
-    single-lane layers have no output weight). inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C);
-    resid 0-d and post (2,) fp32 or already in the lanes' dtype (cast here)."""
+    lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
+    single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
+    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C); resid 0-d and post (2,) fp32 or already in the
+    lanes' dtype (cast here)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     if lane1 is None:
-        return r * lane0 + out + inject, None
+        return r * lane0 + (w[0] * out if weighted else out) + inject, None
     return r * lane0 + w[0] * out + inject, r * lane1 + w[1] * out
 
 
@@ -754,7 +757,9 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
     """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
-    function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer)."""
+    function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer). --one-stream (record #77): lane 0
+    alone, every attention output weighted by its post lambda, the attention layers after backout_layer read
+    that layer's output instead of the stream, and the skip is saved after skip_from's MLP."""
     attn = make_attn_sublayer(hp, attend)
     paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
 
@@ -791,8 +796,9 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         G = hp.gate_dims
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
+        one = hp.one_stream
         for i in range(hp.num_layers):
-            if i == hp.parallel_start:
+            if i == hp.parallel_start and not one:
                 lane1 = lane0
             if i == hp.skip_to:  # the record's gate: sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . skip_gate)
                 gate = torch.sigmoid(skip_lambda).to(x0.dtype) * 2 * torch.sigmoid(
@@ -805,24 +811,27 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
                 v += t >= 0
                 lam = attn_lams[a] if attn_lams is not None else None
+                src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
-                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
                                tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
-                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
                                xsa=xsa[i] if i in xsa_layers else None)
                 a += 1
                 inject = x0_lams[i] * x0
                 if big is not None and i > 0:  # layer 0's bigram is in the prelude
                     inject = inject + b_lams[i] * big
-                lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
-            if i == hp.skip_from:
+                lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0], weighted=one)
+            if i == hp.skip_from and not one:
                 skip = lane0
             out = mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
             lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
+            if i == hp.skip_from and one:
+                skip = lane0
             if i == hp.backout_layer:
                 back = lane0
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5

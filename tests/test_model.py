@@ -648,7 +648,10 @@ def test_xsa_layers_come_from_the_layout():
 def spec_forward(hp, P, ids, windows):
     """Record #74's forward on our model (README.md: its deviations), per layer, in P's dtype: one lane until
     parallel_start (attention output added unweighted, x0 and the bigram injected after each attention), then
-    two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w)."""
+    two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w).
+    hp.one_stream, record #77's forward: never a second lane; x <- resid * x + post[i, 0, 0] * attention(norm(a))
+    + injections with a = x, or the output of layer backout_layer once it exists; the skip is x after
+    skip_from's MLP."""
     T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size
     dt, G = P["embed"].dtype, hp.gate_dims
     n_attn = len(hp.attn_layers)
@@ -675,7 +678,7 @@ def spec_forward(hp, P, ids, windows):
     ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
     vg = 0
     for i in range(L):
-        if i == hp.parallel_start:
+        if i == hp.parallel_start and not hp.one_stream:
             lane1 = lane0
         if i == hp.skip_to:
             gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0])[:, None]
@@ -686,7 +689,8 @@ def spec_forward(hp, P, ids, windows):
             paired = hp.paired_heads and i in hp.paired_head_layers
             long = i in hp.long_window_layers
             t = hp.ve_tables[i]
-            inp = dict(ids=ids, x=lane0, W=list(P["attn_bank"][4 * a:4 * a + 4]),
+            reads = back if hp.one_stream and i > hp.backout_layer else lane0
+            inp = dict(ids=ids, x=reads, W=list(P["attn_bank"][4 * a:4 * a + 4]),
                        lam=lams[a] if hp.attn_lambdas else torch.ones(2, dtype=dt), ag=P["attn_gate"][a],
                        ve=ve_tabs[t][ids.long()] if t >= 0 else torch.zeros(T, C, dtype=dt),
                        vg=P["ve_gate"][vg] if t >= 0 else torch.zeros(H, G, dtype=dt))
@@ -695,16 +699,20 @@ def spec_forward(hp, P, ids, windows):
                                  hp.key_offset and long and not paired,
                                  xsa=P["xsa_alpha"][i] if hp.xsa and not paired else None)
             inject = x0l[i] * x0 + (bl[i] * big if big is not None and i > 0 else 0)
-            if lane1 is None:
+            if hp.one_stream:
+                lane0 = resid[i, 0] * lane0 + post[i, 0, 0] * out + inject
+            elif lane1 is None:
                 lane0 = resid[i, 0] * lane0 + out + inject
             else:
                 lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + inject,
                                 resid[i, 0] * lane1 + post[i, 0, 1] * out)
-        if i == hp.skip_from:
+        if i == hp.skip_from and not hp.one_stream:
             skip = lane0
         out = torch.relu(norm(lane0 if lane1 is None else lane1) @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
         lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
                         None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
+        if i == hp.skip_from and hp.one_stream:
+            skip = lane0
         if i == hp.backout_layer:
             back = lane0
     x = lane0 if lane1 is None else (lane0 + lane1) / 2
@@ -764,6 +772,30 @@ def test_full_forward_with_every_feature_matches_reference():
                                  name=f"logits without {f}")
 
 
+def test_one_stream_forward_matches_reference():
+    """--one-stream (record #77) vs spec_forward in float64 (rule 1), every feature on; and it changes the logits.
+    backout_layer 1 of the four layers: the first attention after it reads what the stream holds anyway, the
+    second (layer 3) reads layer 1's output where the stream has moved on; the skip leaves layer 1 and joins
+    before layer 2."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True, backout_layer=1)
+    assert (hp.skip_from, hp.skip_to) == (1, 2) and {2, 3} <= set(hp.attn_layers)
+    params = perturbed(hp, seed=5)
+    ids, windows = _ids(hp, 384, seed=6), (1, 2)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    two = tg.build_fns(dataclasses.replace(hp, one_stream=False), torch.device("cpu"), compile_model=False,
+                       attention="dense")
+    with torch.no_grad():
+        ours = tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
+                              params["lm_head"], hp.softcap)
+        lanes = tg.head_logits(two.layers(*tg.model_inputs(hp, params, two, tg.MicroBatch(ids), windows, {})),
+                               params["lm_head"], hp.softcap)
+        P64 = {k: v.detach().double() for k, v in params.items()}
+        P32 = {k: v.detach().float() for k, v in params.items()}
+        assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
+                             name="logits, --one-stream")
+        assert (ours - lanes).abs().max() > 1e-4, "--one-stream does not change the logits"
+
+
 def test_full_forward_gradients_reach_every_feature_parameter(device):
     """On the test device (the embedding backward: our Triton kernel on CUDA, torch's on the CPU)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
@@ -788,6 +820,22 @@ def test_full_forward_gradients_reach_every_feature_parameter(device):
     rows = set(big.tolist())
     touched = set(torch.nonzero(params["bigram_embed"].grad.abs().sum(1)).flatten().tolist())
     assert touched == rows
+
+
+def test_one_stream_gradients_reach_lane_zero_weights_only(device):
+    """--one-stream: every attention's and MLP's output weight into lane 0 gets a gradient; the lane-1 weights,
+    unread, get zero."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True)
+    params = {k: v.detach().to(device).requires_grad_() for k, v in perturbed(hp, seed=7).items()}
+    ids = _ids(hp, 256, seed=8)
+    targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
+    fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
+    mb = tg.MicroBatch(ids.to(device), targets.to(device))
+    mtp = torch.tensor([1.0, 0.5, 0.25], device=device)
+    tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp).backward()
+    post = params["post_lambdas"].grad
+    assert (post[hp.attn_layers, 0, 0] != 0).all() and (post[:, 1, 0] != 0).all()
+    assert not post[:, :, 1].any()
 
 
 def _float_casts_traced(hp, T=256):

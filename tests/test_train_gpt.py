@@ -2355,6 +2355,24 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
     assert "--cpp-wrapper" in resume_help and "--mlp-act-only" not in resume_help, resume_help
 
 
+def test_one_stream_flag_and_resume():
+    """--one-stream (record #77's forward: tests/test_model.py) is off by default; it changes the model, so --resume
+    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
+    --no-one-stream (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().one_stream is False
+    assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
+    hp = dataclasses.asdict(tg.smoke_hyperparameters())
+    on = dict(hp, one_stream=True)
+    refused = "--one-stream is False in the checkpoint, True in this run"
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", hp, on, list(on))
+    before = {k: v for k, v in hp.items() if k != "one_stream"}
+    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", before, on, list(on))
+    assert "one_stream" not in checkpoints.RESUME_MAY_DIFFER
+
+
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
     """head_loss with grad_in_fwd (the trainer's default on CUDA) gives the loss, dx and dW of the two-kernel path,
     bit for bit, with the trainer's incoming gradient 1 / SLOTS, for the head in the parameters' dtype (fp32 here)
