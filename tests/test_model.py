@@ -747,29 +747,35 @@ def _ids(hp, T, seed):
     return ids
 
 
+def _cpu_logits(hp, params, ids, windows):
+    """fns.layers and the head in eager mode on the CPU (dense attention), without gradients."""
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    with torch.no_grad():
+        return tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
+                              params["lm_head"], hp.softcap)
+
+
+def _assert_matches_spec(logits, hp, params, ids, windows, name):
+    """Rule 1 against spec_forward in float64, with spec_forward in fp32 as the fp32 error's scale."""
+    P64 = {k: v.detach().double() for k, v in params.items()}
+    P32 = {k: v.detach().float() for k, v in params.items()}
+    assert_matches_torch(logits, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows), name=name)
+
+
 def test_full_forward_with_every_feature_matches_reference():
     """fp32 layers + head (dense attention) vs spec_forward in float64 (rule 1 with spec_forward in fp32),
     every feature on; and each feature changes the logits (the comparison would see it missing)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
     params = perturbed(hp, seed=5)
     ids, windows = _ids(hp, 384, seed=6), (1, 2)
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
-    with torch.no_grad():
-        ours = tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
-                              params["lm_head"], hp.softcap)
-        P64 = {k: v.detach().double() for k, v in params.items()}
-        P32 = {k: v.detach().float() for k, v in params.items()}
-        assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
-                             name="logits, all features")
-        for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
-            off = dataclasses.replace(hp, **{f: False})
-            off_fns = tg.build_fns(off, torch.device("cpu"), compile_model=False, attention="dense")
-            inputs = tg.model_inputs(off, params, off_fns, tg.MicroBatch(ids), windows, {})
-            other = tg.head_logits(off_fns.layers(*inputs), params["lm_head"], off.softcap)
-            # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
-            assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
-            assert_matches_torch(other, spec_forward(off, P64, ids, windows), spec_forward(off, P32, ids, windows),
-                                 name=f"logits without {f}")
+    ours = _cpu_logits(hp, params, ids, windows)
+    _assert_matches_spec(ours, hp, params, ids, windows, name="logits, all features")
+    for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
+        off = dataclasses.replace(hp, **{f: False})
+        other = _cpu_logits(off, params, ids, windows)
+        # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
+        assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
+        _assert_matches_spec(other, off, params, ids, windows, name=f"logits without {f}")
 
 
 def test_one_stream_forward_matches_reference():
@@ -781,19 +787,10 @@ def test_one_stream_forward_matches_reference():
     assert (hp.skip_from, hp.skip_to) == (1, 2) and {2, 3} <= set(hp.attn_layers)
     params = perturbed(hp, seed=5)
     ids, windows = _ids(hp, 384, seed=6), (1, 2)
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
-    two = tg.build_fns(dataclasses.replace(hp, one_stream=False), torch.device("cpu"), compile_model=False,
-                       attention="dense")
-    with torch.no_grad():
-        ours = tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
-                              params["lm_head"], hp.softcap)
-        lanes = tg.head_logits(two.layers(*tg.model_inputs(hp, params, two, tg.MicroBatch(ids), windows, {})),
-                               params["lm_head"], hp.softcap)
-        P64 = {k: v.detach().double() for k, v in params.items()}
-        P32 = {k: v.detach().float() for k, v in params.items()}
-        assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
-                             name="logits, --one-stream")
-        assert (ours - lanes).abs().max() > 1e-4, "--one-stream does not change the logits"
+    ours = _cpu_logits(hp, params, ids, windows)
+    _assert_matches_spec(ours, hp, params, ids, windows, name="logits, --one-stream")
+    lanes = _cpu_logits(dataclasses.replace(hp, one_stream=False), params, ids, windows)
+    assert (ours - lanes).abs().max() > 1e-4, "--one-stream does not change the logits"
 
 
 def test_full_forward_gradients_reach_every_feature_parameter(device):

@@ -2310,6 +2310,22 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
 # --mlp-act-only: the fused MLP saves act alone and takes relu(pre) as sqrt(act) (record #87's idea)
 
 
+def _check_added_setting_resumes_off(name):
+    """An opt-in setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses
+    a checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
+    is refused with it on; it is not among the settings a resumed run may change."""
+    hp = dataclasses.asdict(tg.smoke_hyperparameters())
+    on = dict(hp, **{name: True})
+    refused = f"--{name.replace('_', '-')} is False in the checkpoint, True in this run"
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", hp, on, list(on))
+    before = {k: v for k, v in hp.items() if k != name}
+    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", before, on, list(on))
+    assert name not in checkpoints.RESUME_MAY_DIFFER
+
+
 def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
     """Off by default (opt-in); --mlp-act-only turns it on. It is a mode of the fused MLP kernel: with
     --no-fused-mlp it is refused in one line (exit code 2); where the fused kernel does not run (the CPU, fp32
@@ -2339,16 +2355,7 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
         else:
             assert act_only.mlp_path == default.mlp_path + "; --mlp-act-only unused (a mode of the fused kernel)"
             assert chosen[-2:] == [tg.mlp_sublayer, tg.mlp_sublayer]
-    hp = dataclasses.asdict(tg.smoke_hyperparameters())
-    on = dict(hp, mlp_act_only=True)
-    refused = "--mlp-act-only is False in the checkpoint, True in this run"
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", hp, on, list(on))
-    before = {k: v for k, v in hp.items() if k != "mlp_act_only"}
-    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", before, on, list(on))
-    assert "mlp_act_only" not in checkpoints.RESUME_MAY_DIFFER
+    _check_added_setting_resumes_off("mlp_act_only")
     with pytest.raises(SystemExit):
         _flags(["--help"])
     resume_help = " ".join(capsys.readouterr().out.split()).split("--resume RESUME", 1)[1].split("--deterministic")[0]
@@ -2361,16 +2368,7 @@ def test_one_stream_flag_and_resume():
     --no-one-stream (checkpoints.ADDED_SETTINGS)."""
     assert tg.Hyperparameters().one_stream is False
     assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
-    hp = dataclasses.asdict(tg.smoke_hyperparameters())
-    on = dict(hp, one_stream=True)
-    refused = "--one-stream is False in the checkpoint, True in this run"
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", hp, on, list(on))
-    before = {k: v for k, v in hp.items() if k != "one_stream"}
-    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", before, on, list(on))
-    assert "one_stream" not in checkpoints.RESUME_MAY_DIFFER
+    _check_added_setting_resumes_off("one_stream")
 
 
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
