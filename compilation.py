@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import triton
 
-from run_log import source_dump
+from run_log import dir_bytes, source_dump
 
 
 # The training step's inductor options under --cpp-wrapper (cpp_wrapper_options). store_cubin: torch 2.11 sets it
@@ -142,10 +142,6 @@ def compile_report(metrics, phases):
     return lines, state
 
 
-def _dir_bytes(path):
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
 def inductor_cache_dir():
     """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -221,7 +217,7 @@ class CompileCache:
                 if src.is_dir():
                     shutil.copytree(src, self.path / name, dirs_exist_ok=True)
         (self.path / "stamp.json").write_text(json.dumps(self.stamp, indent=1) + "\n")
-        size = _dir_bytes(self.path) / 2 ** 20
+        size = dir_bytes(self.path) / 2 ** 20
         return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
 
 

@@ -156,6 +156,11 @@ def open_log(hp, args, d, train_files, val_files, run_id, continues=None):
     return log
 
 
+def dir_bytes(path):
+    """The bytes of the files under the folder ``path``, subfolders included."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
 def seconds_since_launch(proc="/proc"):
     """Seconds since the run was launched: since torchrun started where this process's parent is torchrun (its
     agent starts the ranks and imports torch first), else since this process started; from /proc (Linux), None
@@ -183,7 +188,8 @@ class StartupClock:
 
     def __init__(self, since_launch):
         self.t = time.perf_counter()
-        self.phases = [] if since_launch is None else [("launch to main", since_launch)]
+        self.from_launch = since_launch is not None
+        self.phases = [("launch to main", since_launch)] if self.from_launch else []
 
     def lap(self, name):
         now = time.perf_counter()
@@ -192,9 +198,9 @@ class StartupClock:
 
     def line(self):
         total = sum(s for _, s in self.phases)
-        where = "the launch" if self.phases and self.phases[0][0] == "launch to main" else "main"
         parts = ", ".join(f"{name} {s:.1f}" for name, s in self.phases)
-        return f"startup_s: {total:.1f} (from {where} to the compile warmup: {parts})"
+        return (f"startup_s: {total:.1f} (from {'the launch' if self.from_launch else 'main'} to the compile warmup: "
+                f"{parts})")
 
 
 class StepClock:

@@ -75,7 +75,7 @@ from kernels.dispatch import StepKernels
 from kernels.embedding import cpu_embedding, embedding, prepare_ids
 from kernels.mlp import register_ops as register_mlp_ops, relu2_mlp
 from profiling import profile_stages
-from run_log import StartupClock, StepClock, log_summary, path_lines, seconds_since_launch
+from run_log import StartupClock, StepClock, dir_bytes, log_summary, path_lines, seconds_since_launch
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -1573,8 +1573,8 @@ def train(hp, args, d, startup):
                         path = save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state,
                                                clock.ms, d, hp, log.path, args.keep_last)
                         if d.rank == 0:  # the folder is renamed by rank 0 after the others are done
-                            size = sum(f.stat().st_size for f in path.iterdir())
-                            log(f"checkpoint_saved: {path} {size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s")
+                            log(f"checkpoint_saved: {path} {dir_bytes(path) / 2**20:.0f} MiB in "
+                                f"{time.perf_counter() - t0:.1f} s")
                     clock.start()
                 if last:
                     break
