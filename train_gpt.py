@@ -1365,12 +1365,7 @@ class Trainer:
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
                 self.opt.last_backward(plan)
-            # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
-            accs = self.opt.embedding_accs() if self.fns.embed_accs else None
-            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
-                           accs=accs, head8=head8)
-            loss = loss / SLOTS
-            loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
+            loss = self.micro_step(step, mb, windows, head8)
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
             if i == 0 and clock is not None:
@@ -1384,17 +1379,25 @@ class Trainer:
             return None
         return total.item() if want_loss else None
 
+    def micro_step(self, step, mb, windows, head8):
+        """Forward and backward of one training micro-batch of ``step``; returns its loss / SLOTS. The optimizer's
+        hooks move each gradient into its fp32 accumulator; with --embed-grad-to-acc (CUDA) the embedding tables'
+        backward adds straight into theirs."""
+        accs = self.opt.embedding_accs() if self.fns.embed_accs else None
+        loss = forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
+                       accs=accs, head8=head8) / SLOTS
+        loss.backward()
+        return loss
+
     def launch_probe(self, step, hold_ms=300.0):
         """(host ms, device ms) of one training micro-batch of ``step``, CUDA only: its forward and backward are
         queued while the device is held busy (torch.cuda._sleep), so the host's time to queue their kernels and
         the device's time to run them back to back come apart. Where the host is the slower, the steps of that
         length wait on the host. A queueing longer than hold_ms shows in the device time too. The gradients go
         into the accumulators (launch_probes resets them) and no collective starts."""
-        hp = self.hp
         self.loader.rewind(step)
         mb = self.loader.next()[0]
         head8 = self.fns.head_operands(self.params["lm_head"])
-        accs = self.opt.embedding_accs() if self.fns.embed_accs else None
         first, last, unit = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda.synchronize()
         torch.cuda._sleep(10 ** 6)  # the hold's length in cycles: this device's ms per million cycles
@@ -1406,9 +1409,7 @@ class Trainer:
         torch.cuda._sleep(cycles)
         first.record()
         t0 = time.perf_counter()
-        loss = forward(hp, self.params, self.fns, mb, windows_at(hp, step), self.rot_cache, train=True,
-                       mtp=self.mtp[step], accs=accs, head8=head8)
-        (loss / SLOTS).backward()
+        self.micro_step(step, mb, windows_at(self.hp, step), head8)
         last.record()
         host = (time.perf_counter() - t0) * 1e3
         last.synchronize()
