@@ -32,6 +32,10 @@ def setup_distributed():
             dist.init_process_group(backend="nccl", device_id=device)
         else:
             dist.init_process_group(backend="gloo")
+        # gloo lets a rank leave init_process_group while a peer is still connecting to it; a rank that then fails
+        # at once (a missing file) would break the peer's connection and bury our one-line error under gloo's.
+        # No rank leaves the barrier before every rank has left init_process_group.
+        dist.barrier()
     return Dist(rank, world, device)
 
 

@@ -374,6 +374,24 @@ def test_torchrun_error_is_printed_once_without_our_traceback(tmp_path):
     assert 'train_gpt.py", line' not in text and "exitcode  : 2" in text, text
 
 
+def test_no_rank_leaves_process_group_setup_before_all_have_joined(monkeypatch):
+    """The race the torchrun test above can lose: under gloo one rank can return from init_process_group while its
+    peer is still connecting, fail at once and close the connection under it. setup_distributed ends with a
+    barrier, after the init and before returning, so no rank can act alone before every rank has joined."""
+    import distributed
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kw: calls.append(("init", backend)))
+    monkeypatch.setattr(distributed.dist, "barrier", lambda *a, **kw: calls.append(("barrier",)))
+    d = distributed.setup_distributed()
+    assert calls == [("init", "gloo"), ("barrier",)] and d.world == 2
+    calls.clear()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    distributed.setup_distributed()
+    assert calls == [], "one process starts no process group and waits for no one"
+
+
 def test_smoke_help_shows_the_smoke_defaults_and_every_flag_has_help(capsys):
     def help_text(argv):
         with pytest.raises(SystemExit) as info:
