@@ -125,6 +125,7 @@ class Hyperparameters:
     # opt-in model features (beyond record #74; off by default)
     xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
     one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
+    mudd: bool = False  # record #81 (with --one-stream): per-token MLPs mix earlier states into the last two layers
     # schedule
     scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -361,6 +362,9 @@ PARAMS = {
     "x0_lambdas":     Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "bigram_lambdas": Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "xsa_alpha":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),  # ours (--xsa), no decay
+    "mudd_bias":      Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99)),  # --mudd (record #81's table)
+    "mudd_w2":        Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99),  wd_mul=1.0),
+    "mudd_w1":        Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99),  wd_mul=1.0),
     "smear_gate":     Param(optim="adam", lr_mul=0.01, betas=(0.9, 0.99)),
     "skip_gate":      Param(optim="adam", lr_mul=0.05, betas=(0.9, 0.99)),
     "attn_gate":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
@@ -413,12 +417,42 @@ def init_params(hp, device, seed):
         "attn_bank": uniform(n_attn * 4, C, C),  # [Wq, Wk, Wv, Wo] per attention layer
         "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),  # [W_fc, W_proj^T] per layer
     }
+    p.update(mudd_init(hp, g))  # drawn after the others, so that their values do not depend on it
     # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused), so the
     # optimizer's table and a checkpoint's keys do not depend on the flags.
+    p = {k: p[k] for k in PARAMS}
     assert list(p) == list(PARAMS)
     dtype = getattr(torch, hp.param_dtype)
     return {k: v.to(device=device, dtype=dtype if PARAMS[k].matrix else torch.float32).requires_grad_()
             for k, v in p.items()}
+
+
+# --mudd (record #81): two small per-token MLPs, x (T, C) -> gelu(x W1^T) (T, MUDD_HIDDEN) -> (T, 2, MUDD_COLS)
+# coefficients, (h W2 + bias) * MUDD_SCALE. Row 0 reads the stream after layer L-2 (its MLP done); its channel
+# 0 / 1 columns: the value correction's / the stream's weights of (start, back, self), then layer L-1's value-
+# embedding gate (both channels, each for half the heads), its residual and output weights (channel 0 attention,
+# 1 MLP) and, channel 0 only, its x0 and bigram weights. Row 1 reads the stream after layer L-1; channel 1's
+# first five columns weigh (start, back, the stream after layer L-2, value-embedding table 0, skip) into the
+# final stream. start: the stream before layer 0 (x0 plus layer 0's bigram), back: backout_layer's output.
+MUDD_HIDDEN, MUDD_COLS, MUDD_FINAL_SOURCES = 64, 8, 5
+MUDD_SCALE = 0.2 / 3 ** 0.5  # the record's 0.2 / sqrt(3 sources)
+MUDD_V_GAIN = 1.15  # the value correction's fixed gain (the record's)
+MUDD_BACKOUT = -4.34  # row 1's bias on back: -0.501 after MUDD_SCALE, the backout it replaces (backout_lambda 0.5)
+
+
+def mudd_init(hp, g):
+    """--mudd's parameters: W1 (2, MUDD_HIDDEN, C) uniform in +-1/sqrt(C) (torch's default Linear init), W2
+    (2, MUDD_HIDDEN, 2, MUDD_COLS) zero, so that every coefficient starts at its bias * MUDD_SCALE: layer L-1's
+    residual weights sqrt(1.1), output weights 1, bigram weight 0.05 (as the static scalars they replace), the
+    rest 0 but the final mix's -0.5 x back (the backout)."""
+    C = hp.model_dim
+    bias = torch.zeros(2, 2, MUDD_COLS)
+    bias[0, :, 4] = 1.1 ** 0.5 / MUDD_SCALE  # layer L-1: residual weight of attention (0) and MLP (1)
+    bias[0, :, 5] = 1.0 / MUDD_SCALE  # layer L-1: output weight of attention (0) and MLP (1)
+    bias[0, 0, 7] = 0.05 / MUDD_SCALE  # layer L-1: bigram weight (its x0 weight, column 6, starts at 0)
+    bias[1, 1, 1] = MUDD_BACKOUT
+    w1 = (torch.rand(2, MUDD_HIDDEN, C, generator=g) * 2 - 1) * C ** -0.5
+    return {"mudd_bias": bias, "mudd_w2": torch.zeros(2, MUDD_HIDDEN, 2, MUDD_COLS), "mudd_w1": w1}
 
 
 # -----------------------------------------------------------------------------
@@ -541,7 +575,7 @@ def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
     def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
-                      paired=False, key_offset=False, bos=None, xsa=None):
+                      paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
@@ -551,7 +585,9 @@ def make_attn_sublayer(hp, attend):
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
         tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
         bos (T,) bool). xsa (H,): --xsa's tanh(alpha) per head, or None; not with paired (hp.xsa_layers): each head's
-        output loses that share of its part along its token's own value v (xsa_part), before the output gate."""
+        output loses that share of its part along its token's own value v (xsa_part), before the output gate.
+        --mudd's layer L-1 (not paired): v_add (T, H, D) is added to the values, and ve_gate_out (T, H) is the
+        value embedding's gate itself (in place of 2 * sigmoid(...) of ve_gate)."""
         if paired and xsa is not None:
             raise ValueError("attn_sublayer: XSA needs one value vector per head and token (no paired heads)")
         T, C = x.shape
@@ -561,6 +597,8 @@ def make_attn_sublayer(hp, attend):
             w_qkv = lam[0].to(w_qkv.dtype) * w_qkv
             w_o = lam[1].to(w_o.dtype) * w_o
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
+        if v_add is not None:
+            v = v + v_add
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
         if key_offset:
@@ -568,8 +606,11 @@ def make_attn_sublayer(hp, attend):
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.
-            g_in = h[:, :G] if paired else torch.cat([h[:, :G // 2], ve[:, :G - G // 2]], dim=-1)
-            gate = 2 * torch.sigmoid(g_in @ ve_gate.to(h.dtype).T)  # (T, H)
+            if ve_gate_out is not None:
+                gate = ve_gate_out
+            else:
+                g_in = h[:, :G] if paired else torch.cat([h[:, :G // 2], ve[:, :G - G // 2]], dim=-1)
+                gate = 2 * torch.sigmoid(g_in @ ve_gate.to(h.dtype).T)  # (T, H)
             v = v + gate[..., None] * ve.view(T, H, D)
         if paired:
             # The public record's construction: each token's H*D values read as two tokens of H/2 heads, so
@@ -583,6 +624,51 @@ def make_attn_sublayer(hp, attend):
         return y.reshape(T, C) @ w_o.T
 
     return attn_sublayer
+
+
+def mudd_coefficients(x, w1, w2, bias):
+    """--mudd: x (T, C), w1 (MUDD_HIDDEN, C), w2 (MUDD_HIDDEN, *S), bias S -> (T, *S) per-token coefficients,
+    (gelu(x w1^T) w2 + bias) * MUDD_SCALE; all in x's dtype (the caller casts the weights)."""
+    h = F.gelu(x @ w1.T)
+    return ((h @ w2.flatten(1)).view(x.shape[0], *w2.shape[1:]) + bias) * MUDD_SCALE
+
+
+class MuddGates(NamedTuple):
+    """What --mudd's layer L-2 hands layer L-1, each per token: the value correction (T, H, D), the value
+    embedding's gate (T, H), and (T, 1) weights: attention's residual / output, the MLP's, x0's and the bigram's."""
+    v_add: torch.Tensor
+    ve_gate: torch.Tensor
+    resid_attn: torch.Tensor
+    post_attn: torch.Tensor
+    resid_mlp: torch.Tensor
+    post_mlp: torch.Tensor
+    x0: torch.Tensor
+    bigram: torch.Tensor
+
+
+def mudd_layer(x, start, back, w1, w2, bias, num_heads):
+    """--mudd after layer L-2's MLP: x (T, C) -> (new stream, MuddGates for layer L-1). With c =
+    mudd_coefficients(x, ...) (T, 2, MUDD_COLS): the stream becomes (1 + c[1, 2]) x + c[1, 0] start + c[1, 1] back,
+    the value correction is MUDD_V_GAIN (c[0, 0] start + c[0, 1] back + c[0, 2] x) as (T, H, D), and head h's value
+    gate is c[h // (H / 2), 3] + 2 (the static gate's 2 sigmoid(.) starts at 1)."""
+    T, C = x.shape
+    c = mudd_coefficients(x, w1, w2, bias)
+    cv, cr = c[:, 0, :3].unsqueeze(-1).unbind(1), c[:, 1, :3].unsqueeze(-1).unbind(1)
+    v_add = (MUDD_V_GAIN * (cv[0] * start + cv[1] * back + cv[2] * x)).view(T, num_heads, C // num_heads)
+    new = (1 + cr[2]) * x + cr[0] * start + cr[1] * back
+    ve_gate = c[:, :, 3].repeat_interleave(num_heads // 2, dim=1) + 2
+    col = c.unsqueeze(-1)  # (T, 2, MUDD_COLS, 1): a column as (T, 1)
+    return new, MuddGates(v_add, ve_gate, col[:, 0, 4], col[:, 0, 5], col[:, 1, 4], col[:, 1, 5], col[:, 0, 6],
+                          col[:, 0, 7])
+
+
+def mudd_final(x, sources, w1, w2, bias):
+    """--mudd after layer L-1: x + sum_j c_j sources[j], c = mudd_coefficients(x, w1, w2[:, 1, :5], bias[1, :5])
+    (row 1's channel 1), sources (start, back, stream after layer L-2, value-embedding table 0, skip), each (T, C)."""
+    c = mudd_coefficients(x, w1, w2[:, 1, :MUDD_FINAL_SOURCES], bias[1, :MUDD_FINAL_SOURCES])
+    for j, src in enumerate(sources):
+        x = x + c[:, j:j + 1] * src
+    return x
 
 
 def mlp_sublayer(x, w_fc, w_proj_t):
@@ -759,7 +845,10 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
     function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer). --one-stream (record #77): lane 0
     alone, every attention output weighted by its post lambda, the attention layers after backout_layer read
-    that layer's output instead of the stream, and the skip is saved after skip_from's MLP."""
+    that layer's output instead of the stream, and the skip is saved after skip_from's MLP. --mudd (record #81, on
+    one stream): after layer L-2, mudd_layer mixes earlier states into the stream and makes layer L-1's value
+    correction and per-token gates and weights (in place of its static scalars); after layer L-1, mudd_final mixes
+    five states into the final stream, which takes the backout's place (no backout_lambda)."""
     attn = make_attn_sublayer(hp, attend)
     paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
 
@@ -797,6 +886,10 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
         one = hp.one_stream
+        start, last = lane0, hp.num_layers - 1  # --mudd: the stream before layer 0; the layer MUDD gates
+        gates = before_last = None
+        if hp.mudd:
+            mudd_w = [params[k].to(lp).unbind(0) for k in ("mudd_w1", "mudd_w2", "mudd_bias")]
         for i in range(hp.num_layers):
             if i == hp.parallel_start and not one:
                 lane1 = lane0
@@ -820,22 +913,36 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                     ko = hp.key_offset and i in hp.long_window_layers
                     out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
-                               xsa=xsa[i] if i in xsa_layers else None)
+                               xsa=xsa[i] if i in xsa_layers else None,
+                               v_add=None if gates is None else gates.v_add,
+                               ve_gate_out=None if gates is None else gates.ve_gate)
                 a += 1
-                inject = x0_lams[i] * x0
-                if big is not None and i > 0:  # layer 0's bigram is in the prelude
-                    inject = inject + b_lams[i] * big
-                lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0], weighted=one)
+                if gates is not None:  # --mudd, layer L-1: per-token weights; x0 is the stream's start here
+                    inject = gates.x0 * start + (0 if big is None else gates.bigram * big)
+                    lane0 = gates.resid_attn * lane0 + gates.post_attn * out + inject
+                else:
+                    inject = x0_lams[i] * x0
+                    if big is not None and i > 0:  # layer 0's bigram is in the prelude
+                        inject = inject + b_lams[i] * big
+                    lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0], weighted=one)
             if i == hp.skip_from and not one:
                 skip = lane0
             out = mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
-            lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
+            if gates is not None:
+                lane0 = gates.resid_mlp * lane0 + gates.post_mlp * out
+            else:
+                lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
             if i == hp.skip_from and one:
                 skip = lane0
             if i == hp.backout_layer:
                 back = lane0
+            if hp.mudd and i == last - 1:
+                before_last = lane0
+                lane0, gates = mudd_layer(lane0, start, back, *(w[0] for w in mudd_w), hp.num_heads)
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
-        if hp.backout:
+        if hp.mudd:
+            x = mudd_final(x, (start, back, before_last, ves[0], skip), *(w[1] for w in mudd_w))
+        elif hp.backout:
             # Back out what the first layers wrote for later context rather than for the prediction (public record).
             x = x - backout_lambda * back
         return x

@@ -296,6 +296,16 @@ BAD_SETTINGS = [
     (["--num-heads", "3"], "--num-heads 3 x --head-dim 32 must equal --model-dim 64"),
     (["--num-heads", "1", "--head-dim", "64"], "--num-heads: paired heads need an even number, got 1"),
     (["--xsa", "--paired-head-layers", "0,1,2,3"], "--xsa: every attention layer has paired heads"),
+    (["--mudd"], "--mudd: built on record #77's single stream; add --one-stream"),
+    (["--mudd", "--one-stream", "--no-backout"], "--mudd: its final mix does the backout"),
+    (["--mudd", "--one-stream"], "--mudd: mixes the outputs of --backout-layer and --skip-from into the last two "
+                                 "layers, so both must come before layer 2"),  # the smoke's backout layer is 2
+    (["--mudd", "--one-stream", "--backout-layer", "1", "--paired-head-layers", "0,3"],
+     "--mudd: gates the last layer's (3) value embedding: it needs attention, a value embedding"),
+    (["--mudd", "--one-stream", "--backout-layer", "1", "--ve-tables", "0,-1,-1,-1"],
+     "--mudd: gates the last layer's (3) value embedding"),
+    (["--mudd", "--one-stream", "--backout-layer", "1", "--num-heads", "1", "--head-dim", "64",
+      "--no-paired-heads"], "--mudd: its value gate has one channel per half of the heads; --num-heads must be even"),
     (["--model-dim", "60", "--head-dim", "30"], "--head-dim: must be a multiple of 4"),
     (["--param-dtype", "foo"], "--param-dtype: 'foo' is not one of bfloat16, float32"),
     (["--final-long-window", "0"], "--final-long-window: must be >= 1, got 0"),

@@ -694,8 +694,9 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data
     # with the accumulate mode (CUDA, --embed-grad-to-acc): the tables' (their accumulators are complete only after
     # the backward) and, while tied, the head's (step() first folds the embedding's accumulator into it)
     late = {"value_embeds", "bigram_embed", "lm_head"} if tr.fns.embed_accs else set()
-    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
-    assert started == set(tg.PARAMS) - {"embed", "xsa_alpha"} - late, started
+    # (--xsa's alpha and --mudd's rows get no gradient with their flag off, so no hook starts their reduce-scatter:
+    # step() does)
+    assert started == set(tg.PARAMS) - {"embed"} - OPT_IN_PARAMS - late, started
     # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
     w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
     row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
@@ -717,6 +718,9 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data
     assert any(g is not None and g.abs().max() > 0 for g in grads.values())
 
 
+OPT_IN_PARAMS = {"xsa_alpha", "mudd_w1", "mudd_w2", "mudd_bias"}  # read only with --xsa / --mudd
+
+
 def _perturbed_params(hp, seed, device="cpu"):
     """init_params with the zero-initialised tensors filled, so every path of the forward matters."""
     p = tg.init_params(hp, torch.device("cpu"), seed)
@@ -729,8 +733,12 @@ def _perturbed_params(hp, seed, device="cpu"):
         p["resid_lambdas"].add_(torch.randn(p["resid_lambdas"].shape, generator=g) * 0.1)
         p["post_lambdas"].add_(torch.randn(p["post_lambdas"].shape, generator=g) * 0.1)
         p["scalars"] += 0.2  # attention lambdas, smear (0 at init: no smear gradient), backout, skip
-        # --xsa's alphas; a generator of their own, so the other tensors keep their values
+        # --xsa's alphas and --mudd's W2 (zero at init) and bias; generators of their own, so the other tensors
+        # keep their values
         p["xsa_alpha"].copy_(torch.randn(p["xsa_alpha"].shape, generator=torch.Generator().manual_seed(seed + 2)))
+        g3 = torch.Generator().manual_seed(seed + 3)
+        p["mudd_w2"].copy_(torch.randn(p["mudd_w2"].shape, generator=g3) * 0.3)
+        p["mudd_bias"].add_(torch.randn(p["mudd_bias"].shape, generator=g3))
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
@@ -744,14 +752,18 @@ def _batch(hp, T, seed, n_docs):
     return ids, targets
 
 
-def test_gradient_accumulation_two_halves_equal_one_batch(device):
+@pytest.mark.parametrize("forward", ["lanes", "mudd"])
+def test_gradient_accumulation_two_halves_equal_one_batch(device, forward):
     """fp32 model: two accumulated half-batch micro-steps (loss/2 each) vs one micro-step over the whole batch.
     The halves start with BOS, so the document mask separates them in the joint batch too; only the rotary
     positions differ (angles up to 256 rad in fp32: ~2^-24*256 = 1.5e-5 absolute), hence 2e-4 x max|grad|
     for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error). Every model feature
-    is on, --xsa too (so every parameter has a gradient): smear, key offset and the bigram hash do not read across
-    a BOS, so the cut cannot matter."""
+    is on, --xsa too: smear, key offset and the bigram hash do not read across a BOS, so the cut cannot matter.
+    Two forwards: record #74's lanes, and one stream with --mudd (its backout layer moved before layer L-2), so
+    that every parameter has a gradient in one of them (the rows of --mudd only in the second)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", xsa=True)
+    if forward == "mudd":
+        hp = dataclasses.replace(hp, one_stream=True, mudd=True, backout_layer=1)
     T = 128
     ids, targets = _batch(hp, 2 * T, seed=5, n_docs=4)
     ids[T] = hp.bos_id
@@ -774,6 +786,8 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
         runs.append((params, accs))
     (p2, acc2), (p1, acc1) = runs
     for k in acc1:
+        if k.startswith("mudd") and not hp.mudd:
+            continue
         scale = acc1[k].abs().max().item()
         assert scale > 0, f"{k}: zero gradient, the test would not see a bug"
         assert_close_report(acc2[k], acc1[k], atol=2e-4 * scale, name=f"grad {k}")
@@ -802,8 +816,10 @@ RECORD_ADAM = {
     "value_embeds": (75.0, (0.75, 0.95), 5.0), "embed": (1.0, (0.5, 0.95), 150.0),
 }
 # Our Adam rows beyond record #74's, the same way: --xsa's alpha, like the record's other per-layer scalar rows
-# (post_lambdas, x0_lambdas, bigram_lambdas) and without decay.
-OURS_ADAM = {"xsa_alpha": (1.0, (0.9, 0.95), 0.0)}
+# (post_lambdas, x0_lambdas, bigram_lambdas) and without decay; --mudd's, as record #81's param_table has its
+# dense_w1 / dense_w2 (lr_mul 0.25, betas (0.9, 0.99), its default wd_mul 1) and dense_bs (no decay).
+OURS_ADAM = {"xsa_alpha": (1.0, (0.9, 0.95), 0.0), "mudd_w1": (0.25, (0.9, 0.99), 1.0),
+             "mudd_w2": (0.25, (0.9, 0.99), 1.0), "mudd_bias": (0.25, (0.9, 0.99), 0.0)}
 ADAM_TABLE = RECORD_ADAM | OURS_ADAM
 
 
@@ -1022,7 +1038,8 @@ def test_slow_adam_schedule():
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
+            "mudd_w2", "mudd_w1"}
     smoke = tg.smoke_hyperparameters()
     groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), Dist()).groups
     assert {n for n, g in groups.items() if g.slow} == adam
@@ -1038,7 +1055,8 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
     hp = tg.Hyperparameters()
     muon = {"attn_bank", "mlp_bank"}
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
+            "mudd_w2", "mudd_w1"}
     tables = {"embed", "value_embeds", "bigram_embed"}
     for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
                              (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
@@ -1257,8 +1275,9 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, small_vocab_data, dev
     assert all(not torch.equal(off.params[k], off.initial[k]) for k in tables | {"lm_head"})
     # Who started the due reduce-scatters at the slow step: the hooks for every table in the default mode
     # (while tied the embedding's is the head's); step() for the tables with the flag (and the head while tied).
-    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
-    region = set(tg.PARAMS) - tables - {"lm_head", "xsa_alpha"}
+    # (--xsa's alpha and --mudd's rows get no gradient with their flag off, so no hook starts their reduce-scatter:
+    # step() does)
+    region = set(tg.PARAMS) - tables - {"lm_head"} - OPT_IN_PARAMS
     assert started_off[1] == region | {"lm_head"} | tables - ({"embed"} if tied else set())
     assert started_on[1] == region | (set() if tied else {"lm_head"})
 
@@ -1737,7 +1756,7 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     batches = _first_micro_batches(hp, shard_files(hp.train_files))
     assert [(T, mb.max_len) for T, (_, mb) in batches.items()] == [(128, 96), (256, 192)]
     params = _perturbed_params(hp, seed=11)
-    used = [k for k in params if hp.xsa or k != "xsa_alpha"]  # without --xsa no gradient reaches alpha
+    used = [k for k in params if k not in OPT_IN_PARAMS]  # without --xsa / --mudd no gradient reaches those
     bounds = []
 
     def docs_of(cu, n):  # document index per position, from the boundaries
@@ -2369,6 +2388,20 @@ def test_one_stream_flag_and_resume():
     assert tg.Hyperparameters().one_stream is False
     assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
     _check_added_setting_resumes_off("one_stream")
+
+
+def test_mudd_flag_and_resume():
+    """--mudd (record #81 on one stream: tests/test_model.py) is off by default; it changes the model, so --resume
+    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
+    --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters are among ADDED_PARAMS, shaped as init_params
+    makes them."""
+    assert tg.Hyperparameters().mudd is False
+    assert _flags(["--smoke", "--one-stream", "--mudd"])[1].mudd is True
+    _check_added_setting_resumes_off("mudd")
+    hp = tg.smoke_hyperparameters()
+    p = tg.init_params(hp, torch.device("cpu"), 0)
+    for k in ("mudd_w1", "mudd_w2", "mudd_bias"):
+        assert checkpoints.ADDED_PARAMS[k](hp).shape == p[k].shape, k
 
 
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
