@@ -845,12 +845,18 @@ def test_one_stream_forward_matches_reference():
     before layer 2."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True, backout_layer=1)
     assert (hp.skip_from, hp.skip_to) == (1, 2) and {2, 3} <= set(hp.attn_layers)
+    _check_opt_in_against_spec(hp, "one_stream")
+
+
+def _check_opt_in_against_spec(hp, flag):
+    """The forward of hp (its opt-in ``flag`` on), perturbed parameters, vs spec_forward in float64 (rule 1); and
+    the flag changes the logits (off: the forward without it)."""
     params = perturbed(hp, seed=5)
     ids, windows = _ids(hp, 384, seed=6), (1, 2)
     ours = _cpu_logits(hp, params, ids, windows)
-    _assert_matches_spec(ours, hp, params, ids, windows, name="logits, --one-stream")
-    lanes = _cpu_logits(dataclasses.replace(hp, one_stream=False), params, ids, windows)
-    assert (ours - lanes).abs().max() > 1e-4, "--one-stream does not change the logits"
+    _assert_matches_spec(ours, hp, params, ids, windows, name=f"logits, {flag}")
+    off = _cpu_logits(dataclasses.replace(hp, **{flag: False}), params, ids, windows)
+    assert (ours - off).abs().max() > 1e-4, f"{flag} does not change the logits"
 
 
 def _mudd_hp(**overrides):
@@ -863,13 +869,7 @@ def _mudd_hp(**overrides):
 def test_mudd_forward_matches_reference():
     """--mudd (record #81 on one stream) vs spec_forward in float64 (rule 1), every feature on, W2 and the biases
     moved off their init; and it changes the logits against --one-stream alone."""
-    hp = _mudd_hp()
-    params = perturbed(hp, seed=5)
-    ids, windows = _ids(hp, 384, seed=6), (1, 2)
-    ours = _cpu_logits(hp, params, ids, windows)
-    _assert_matches_spec(ours, hp, params, ids, windows, name="logits, --mudd")
-    one = _cpu_logits(dataclasses.replace(hp, mudd=False), params, ids, windows)
-    assert (ours - one).abs().max() > 1e-4, "--mudd does not change the logits"
+    _check_opt_in_against_spec(_mudd_hp(), "mudd")
 
 
 @pytest.mark.parametrize("heads", [2, 6])
