@@ -133,8 +133,8 @@ def check_mudd(hp):
         raise SettingsError("--mudd: its final mix does the backout (it starts at -0.5 x the backout layer's output); "
                             "leave out --no-backout")
     if hp.num_layers < 3 or max(hp.backout_layer, hp.skip_from) >= last - 1:
-        raise SettingsError(f"--mudd: mixes the outputs of --backout-layer and --skip-from into the last two layers, so "
-                            f"both must come before layer {last - 1}")
+        raise SettingsError(f"--mudd: mixes the outputs of --backout-layer and --skip-from into the last two layers, "
+                            f"so both must come before layer {last - 1}")
     if last in hp.no_attn_layers or hp.ve_tables[last] < 0 or last in hp.paired_layers:
         raise SettingsError(f"--mudd: gates the last layer's ({last}) value embedding: it needs attention, a value "
                             f"embedding (--ve-tables) and no paired heads")

@@ -931,7 +931,8 @@ def test_mudd_gradients_reach_its_rows_and_not_the_scalars_it_replaces(device):
     targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
     fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
     mb = tg.MicroBatch(ids.to(device), targets.to(device))
-    tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=torch.tensor([1.0, 0.5, 0.25], device=device)).backward()
+    mtp = torch.tensor([1.0, 0.5, 0.25], device=device)
+    tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp).backward()
     grad = {k: v.grad for k, v in params.items()}
     L = hp.num_layers
     for k in ("mudd_w1", "mudd_w2"):
