@@ -35,7 +35,8 @@ RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 # Settings that older checkpoints lack, each with the value under which this trainer computes what they computed
 # (--resume reads a missing one as it), and the parameters of those features, which such a checkpoint lacks too:
 # load_checkpoint leaves them at their initial value, the one that feature off never reads or changes.
-ADDED_SETTINGS = {"xsa": False, "mlp_act_only": False, "one_stream": False, "mudd": False}  # each off
+ADDED_SETTINGS = {"xsa": False, "mlp_act_only": False, "one_stream": False, "mudd": False,  # each off
+                  "bigram_signs": False}
 ADDED_PARAMS = {  # name -> a value for a checkpoint without it, where its feature is off and it is unread
     "xsa_alpha": lambda hp: torch.zeros(hp.num_layers, hp.num_heads),  # (its init)
     "mudd_bias": lambda hp: torch.zeros(2, 2, 8),

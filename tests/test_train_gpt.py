@@ -378,7 +378,7 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
 
 
 # Every opt-in change to the model at once; --backout-layer 1: --mudd mixes that layer's output into the last two
-OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only")
+OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--bigram-signs")
 
 
 @on_gpu_runs
@@ -390,7 +390,8 @@ def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
     val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at step 40."""
     text, steps, vals = gpu_runs["opt_in"][:3]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
-    assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"] and hp["backout_layer"] == 1
+    assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"] and hp["bigram_signs"]
+    assert hp["backout_layer"] == 1
     mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
     assert "relu(pre) = sqrt(act) in the backward" in mlp_line, mlp_line
     assert sorted(steps) == list(range(1, GPU_STEPS + 1)) and all(math.isfinite(float(v)) for v in steps.values())
@@ -2388,7 +2389,7 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
                    "off; leave out one of them"], err
     chosen = []
     make_layers = tg.make_layers
-    monkeypatch.setattr(tg, "make_layers", lambda hp, attend, mlp: chosen.append(mlp) or make_layers(hp, attend, mlp))
+    monkeypatch.setattr(tg, "make_layers", lambda hp, attend, mlp, **kw: chosen.append(mlp) or make_layers(hp, attend, mlp, **kw))
     for dtype in ("bfloat16", "float32"):
         default, act_only = (tg.build_fns(tg.smoke_hyperparameters(param_dtype=dtype, mlp_act_only=a),
                                           torch.device(device), compile_model=False) for a in (False, True))
@@ -2427,6 +2428,15 @@ def test_mudd_flag_and_resume():
     p = tg.init_params(hp, torch.device("cpu"), 0)
     for k in ("mudd_w1", "mudd_w2", "mudd_bias"):
         assert checkpoints.ADDED_PARAMS[k](hp).shape == p[k].shape, k
+
+
+def test_bigram_signs_flag_and_resume():
+    """--bigram-signs (record #83's sign trick: tests/test_model.py) is off by default; it changes the model, so
+    --resume refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes
+    as --no-bigram-signs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().bigram_signs is False
+    assert _flags(["--smoke", "--bigram-signs"])[1].bigram_signs is True
+    _check_added_setting_resumes_off("bigram_signs")
 
 
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
