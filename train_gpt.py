@@ -676,7 +676,7 @@ def mudd_layer(x, start, back, w1, w2, bias, num_heads):
     cv, cr = c[:, 0, :3].unsqueeze(-1).unbind(1), c[:, 1, :3].unsqueeze(-1).unbind(1)
     v_add = (MUDD_V_GAIN * (cv[0] * start + cv[1] * back + cv[2] * x)).view(T, num_heads, C // num_heads)
     new = (1 + cr[2]) * x + cr[0] * start + cr[1] * back
-    ve_gate = c[:, :, 3].repeat_interleave(num_heads // 2, dim=1) + 2
+    ve_gate = c[:, :, 3, None].expand(T, 2, num_heads // 2).reshape(T, num_heads) + 2  # channel j: heads of half j
     col = c.unsqueeze(-1)  # (T, 2, MUDD_COLS, 1): a column as (T, 1)
     return new, MuddGates(v_add, ve_gate, col[:, 0, 4], col[:, 0, 5], col[:, 1, 4], col[:, 1, 5], col[:, 0, 6],
                           col[:, 0, 7])
