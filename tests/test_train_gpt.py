@@ -1761,8 +1761,9 @@ def test_pair_heads_interleaves_and_stays_a_view_under_dynamic_tokens():
     assert code.count('extern "C"') == 1, "more than the norm's kernel: the paired heads were copied"
 
 
-@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic_tokens", "static"])
-def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic):
+@pytest.mark.parametrize("dynamic,opt_in", [(True, False), (False, False), (True, True)],
+                         ids=["dynamic_tokens", "static", "dynamic_tokens_opt_in"])
+def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic, opt_in):
     """--dynamic-tokens: train_step, compiled as build_fns compiles it (fullgraph, dynamic=False), is one graph for
     every micro-batch length of the schedule (the two-layer smoke model's: 128 and 256 tokens, at stage starts whose
     documents are cut to 96 and 192 tokens); without the flag, one graph per length (what the flag changes). At each
@@ -1776,13 +1777,17 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     (speedrun::doc_attention, whose fakes and autograd take the symbolic length and documents' length bound), with
     dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
     reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
-    Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **TWO_LAYERS,
+    Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid). opt_in: the four-layer smoke
+    model with every opt-in change to the forward (--one-stream --mudd --xsa --bigram-signs, backout layer 1), whose
+    ops must keep T symbolic too."""
+    layout = (dict(one_stream=True, mudd=True, xsa=True, bigram_signs=True, backout_layer=1) if opt_in else
+              TWO_LAYERS)
+    hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **layout,
                                   train_files=str(smoke_data / "smoke_train_*.bin"))
     batches = _first_micro_batches(hp, shard_files(hp.train_files))
     assert [(T, mb.max_len) for T, (_, mb) in batches.items()] == [(128, 96), (256, 192)]
     params = _perturbed_params(hp, seed=11)
-    used = [k for k in params if k not in OPT_IN_PARAMS]  # without --xsa / --mudd no gradient reaches those
+    used = [k for k in params if opt_in or k not in OPT_IN_PARAMS]  # without --xsa / --mudd none reaches those
     bounds = []
 
     def docs_of(cu, n):  # document index per position, from the boundaries
