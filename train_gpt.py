@@ -141,6 +141,7 @@ class Hyperparameters:
     muon_warmup_steps: int = 300  # steps of the momentum warmup
     muon_cooldown_steps: int = 50  # last steps, where the momentum goes back from max to min
     muon_beta2: float = 0.95  # NorMuon second-moment decay
+    muon_qk_pairs: bool = False  # opt-in (record #80): Muon takes each pair of heads' rows of W_q, W_k as a matrix
     muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
     mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
     # Adam for embeddings, head, gates, scalars
@@ -1094,10 +1095,14 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 class Group:
     """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded to a multiple of the world
-    size) and this rank's optimizer shard, rows lo .. lo + shard_rows."""
+    size) and this rank's optimizer shard, rows lo .. lo + shard_rows. blocks (Muon, --muon-qk-pairs' attn_bank):
+    the matrices whose global index modulo 4 is 0 or 1 (W_q, W_k) are each split into ``blocks`` row blocks (pairs
+    of heads) that NorMuon takes as matrices of their own; ``split`` then holds (their rows, the other rows) of my
+    shard, and their momentum and second moment are kept apart, in the blocks' shape (mom_blocks, v2_blocks)."""
 
-    def __init__(self, name, param, d):
+    def __init__(self, name, param, d, blocks=0):
         self.name, self.param, self.spec = name, param, PARAMS[name]
+        self.blocks = blocks
         self.muon = self.spec.optim == "muon"
         self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
@@ -1109,6 +1114,11 @@ class Group:
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
                          torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
+        self.split = None
+        if blocks:
+            idx = torch.arange(self.lo, self.lo + self.shard_rows)
+            qk = (idx % 4 < 2) & (idx < self.rows)
+            self.split = tuple(torch.nonzero(m).flatten().to(param.device) for m in (qk, ~qk))
         self.reset_state()
 
     def shard_of(self, full):
@@ -1126,9 +1136,13 @@ class Group:
         self.step = 0
         if self.muon:
             M, N = p.shape[1:]
-            self.mom = torch.zeros_like(self.master)
-            self.v2 = torch.zeros((self.shard_rows, M, 1) if M >= N else (self.shard_rows, 1, N),
-                                  dtype=torch.float32, device=p.device)
+            other = self.shard_rows if self.split is None else len(self.split[1])
+            self.mom = torch.zeros((other, M, N), dtype=torch.float32, device=p.device)
+            self.v2 = second_moment(other, M, N, p.device)
+            if self.split is not None:
+                k = len(self.split[0]) * self.blocks
+                self.mom_blocks = torch.zeros((k, M // self.blocks, N), dtype=torch.float32, device=p.device)
+                self.v2_blocks = second_moment(k, M // self.blocks, N, p.device)
         else:
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
@@ -1140,7 +1154,14 @@ class Group:
 
     def state_tensors(self):
         keys = ("master", "mom", "v2") if self.muon else ("master", "exp_avg", "exp_avg_sq")
+        if self.split is not None:
+            keys += ("mom_blocks", "v2_blocks")
         return {k: getattr(self, k) for k in keys}
+
+
+def second_moment(k, M, N, device):
+    """NorMuon's second-moment state of k (M, N) matrices: per row (k, M, 1) when M >= N, else per column."""
+    return torch.zeros((k, M, 1) if M >= N else (k, 1, N), dtype=torch.float32, device=device)
 
 
 class StepPlan(NamedTuple):
@@ -1183,7 +1204,8 @@ class Optimizer:
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
         self.kernels = StepKernels.on(d.device)
-        self.groups = {n: Group(n, params[n], d) for n in PARAMS}
+        pairs = hp.num_heads // 2 if hp.muon_qk_pairs else 0  # --muon-qk-pairs: W_q, W_k as H/2 blocks each
+        self.groups = {n: Group(n, params[n], d, blocks=pairs if n == "attn_bank" else 0) for n in PARAMS}
         self.tie = next((n, p.tied_to) for n, p in PARAMS.items() if p.tied_to)  # (the tied row, its partner)
         self._embedding_accs = None  # embedding_accs(), made on first use
         self.tied = True  # the tied row has no optimizer state of its own (untie() gives it one)
@@ -1332,14 +1354,32 @@ class Optimizer:
             self.kernels.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
 
     def _muon(self, g, grad, lr_mul, momentum):
+        if g.split is None:
+            self._muon_matrices(grad, g.mom, g.v2, g.master, g.lr_mul, g.shard_param, lr_mul, momentum)
+            return
+        # --muon-qk-pairs: my W_q / W_k rows as blocks (a view of their copies), the others as they are; masters
+        # and parameter rows copied out, updated, and written back in place
+        for rows, mom, v2, blocks in ((g.split[0], g.mom_blocks, g.v2_blocks, g.blocks), (g.split[1], g.mom, g.v2, 1)):
+            if not len(rows):
+                continue
+            shape = (len(rows) * blocks, g.param.shape[1] // blocks, g.param.shape[2])
+            master, param = g.master[rows].view(shape), g.shard_param[rows].view(shape)
+            self._muon_matrices(grad[rows].view(shape), mom, v2, master, g.lr_mul[rows].repeat_interleave(blocks),
+                                param, lr_mul, momentum)
+            g.master[rows] = master.view(-1, *g.param.shape[1:])
+            g.shard_param[rows] = param.view(-1, *g.param.shape[1:])
+
+    def _muon_matrices(self, grad, mom, v2, master, lr_muls, param_out, lr_mul, momentum):
+        """NorMuon on k matrices (k, M, N): fp32 gradients, momentum and second moment (state, in place), fp32
+        masters and parameter-dtype copies (written in place), per-matrix lr multipliers (k,)."""
         hp = self.hp
-        M, N = g.param.shape[1:]
-        x = self.kernels.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
-        o = self.kernels.polar(x, normalized=True)  # (shard_rows, M, N) bf16, ~orthogonal
+        M, N = grad.shape[1:]
+        x = self.kernels.momentum(grad, mom, momentum)  # bf16, Frobenius-normalised per matrix
+        o = self.kernels.polar(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
         # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
         # the cast to the parameter dtype, fused (kernels.normuon).
-        self.kernels.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+        self.kernels.normuon(o, v2, master, lr_muls, param_out, lr=lr, beta2=hp.muon_beta2,
                              wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):

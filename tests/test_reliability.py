@@ -296,6 +296,8 @@ BAD_SETTINGS = [
     (["--num-heads", "3"], "--num-heads 3 x --head-dim 32 must equal --model-dim 64"),
     (["--num-heads", "1", "--head-dim", "64"], "--num-heads: paired heads need an even number, got 1"),
     (["--xsa", "--paired-head-layers", "0,1,2,3"], "--xsa: every attention layer has paired heads"),
+    (["--muon-qk-pairs", "--num-heads", "1", "--head-dim", "64", "--no-paired-heads"],
+     "--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got 1"),
     (["--bigram-signs", "--no-bigram"], "--bigram-signs: signs of the bigram embeddings, which --no-bigram turns off"),
     (["--mudd"], "--mudd: built on record #77's single stream; add --one-stream"),
     (["--mudd", "--one-stream", "--no-backout"], "--mudd: its final mix does the backout"),

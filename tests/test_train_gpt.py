@@ -38,6 +38,7 @@ from flags import field_comments
 from kernels._checks import interpreting
 from kernels.attention import dense_attend, doc_attention, doc_attention_bwd, doc_attention_fwd
 from kernels.cross_entropy import Fp8Weights
+from kernels.polar_express import polar_express_ref
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -377,8 +378,10 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
 
 
-# Every opt-in change to the model at once; --backout-layer 1: --mudd mixes that layer's output into the last two
-OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--bigram-signs")
+# Every opt-in change to the model and its optimizer at once; --backout-layer 1: --mudd mixes that layer's output
+# into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each
+OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--bigram-signs",
+                      "--muon-qk-pairs", "--num-heads", "4", "--head-dim", "16")
 
 
 @on_gpu_runs
@@ -391,6 +394,7 @@ def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
     text, steps, vals = gpu_runs["opt_in"][:3]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"] and hp["bigram_signs"]
+    assert hp["muon_qk_pairs"] and hp["num_heads"] == 4
     assert hp["backout_layer"] == 1
     mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
     assert "relu(pre) = sqrt(act) in the backward" in mlp_line, mlp_line
@@ -1098,6 +1102,58 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
 def _feed(params, grads, names):
     """Gradients given by hand, through autograd: the optimizer's hooks fold them into its accumulators."""
     torch.autograd.backward([params[k] for k in names], [grads[k].clone() for k in names])
+
+
+def spec_normuon_step(w, g, mom, v2, mu, lr, beta2, wd):
+    """One NorMuon step of one matrix in float64, written out (record #74's Muon: Nesterov momentum, Polar Express,
+    the per-row or, for a wide matrix, per-column second moment, the renorm to the orthogonal factor's Frobenius
+    norm, cautious decay); mom and v2 in place, returns the new w."""
+    mom.mul_(mu).add_((1 - mu) * g)
+    u = (1 - mu) * g + mu * mom
+    o = polar_express_ref((u / (u.norm() * 1.02))[None], normalized=True)[0]  # the reference iteration, float64
+    red = -1 if o.shape[0] >= o.shape[1] else -2
+    v2.mul_(beta2).add_((1 - beta2) * o.square().mean(dim=red, keepdim=True))
+    upd = o / v2.clamp_min(1e-10).sqrt()
+    upd = upd * o.norm() / upd.norm()
+    return w - lr * (upd + ((upd * w) >= 0) * w * wd)
+
+
+def test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k():
+    """--muon-qk-pairs (public record #80): two Muon steps of attn_bank ([W_q, W_k, W_v, W_o] per attention layer)
+    against spec_normuon_step in float64, applied to each (2 head_dim, C) block of rows of every W_q and W_k (heads
+    2j and 2j + 1: block j) and to each W_v and W_o whole, with its own momentum and second moment. Bound: lr x
+    2^-5 per element (the trainer's momentum output and Polar Express run in bf16); a whole-matrix step of W_q
+    misses it by far, and W_v / W_o get exactly the default optimizer's bits."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", num_heads=4, head_dim=16, muon_qk_pairs=True)
+    H, D, C = hp.num_heads, hp.head_dim, hp.model_dim
+    gen = torch.Generator().manual_seed(4)
+    grads = [torch.randn(len(hp.attn_layers) * 4, C, C, generator=gen) * 1e-2 for _ in range(2)]
+    runs = {}
+    for pairs in (True, False):
+        h = dataclasses.replace(hp, muon_qk_pairs=pairs)
+        params = tg.init_params(h, torch.device("cpu"), 0)
+        w0 = params["attn_bank"].detach().double().clone()
+        opt = tg.Optimizer(h, params, Dist())
+        for step, grad in enumerate(grads):
+            _feed(params, {"attn_bank": grad}, ["attn_bank"])
+            opt.step(tg.step_plan(h, step), 1.0, 0.9)
+        runs[pairs] = params["attn_bank"].detach().double()
+    lr, mu = hp.muon_lr, 0.9
+    expected = w0.clone()
+    for m in range(w0.shape[0]):
+        blocks = [slice(2 * D * j, 2 * D * (j + 1)) for j in range(H // 2)] if m % 4 < 2 else [slice(0, C)]
+        for rows in blocks:
+            w, mom = w0[m, rows].clone(), torch.zeros_like(w0[m, rows])
+            M, N = w.shape
+            v2 = torch.zeros((M, 1) if M >= N else (1, N), dtype=torch.float64)
+            for grad in grads:
+                w = spec_normuon_step(w, grad[m, rows].double(), mom, v2, mu, lr, hp.muon_beta2, hp.muon_wd * lr)
+            expected[m, rows] = w
+    err = (runs[True] - expected).abs().max().item()
+    assert err <= lr * 2 ** -5, err
+    qk = torch.tensor([m % 4 < 2 for m in range(w0.shape[0])])
+    assert (runs[False][qk] - expected[qk]).abs().max().item() > 8 * lr * 2 ** -5, "a whole-matrix step passes"
+    assert torch.equal(runs[True][~qk], runs[False][~qk]), "W_v / W_o changed"
 
 
 @pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
@@ -2433,6 +2489,16 @@ def test_mudd_flag_and_resume():
     p = tg.init_params(hp, torch.device("cpu"), 0)
     for k in ("mudd_w1", "mudd_w2", "mudd_bias"):
         assert checkpoints.ADDED_PARAMS[k](hp).shape == p[k].shape, k
+
+
+def test_muon_qk_pairs_flag_and_resume():
+    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is off by
+    default; it changes the optimizer's math and state (attn_bank's W_q / W_k momentum and second moment in blocks),
+    so --resume refuses it against a checkpoint without it, and a checkpoint from before the flag resumes as
+    --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().muon_qk_pairs is False
+    assert _flags(["--smoke", "--muon-qk-pairs"])[1].muon_qk_pairs is True
+    _check_added_setting_resumes_off("muon_qk_pairs")
 
 
 def test_bigram_signs_flag_and_resume():
