@@ -1364,11 +1364,15 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, small_vocab_data, dev
     assert started_on[1] == region | (set() if tied else {"lm_head"})
 
 
-def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
+@pytest.mark.parametrize("qk_pairs", [False, True], ids=["default", "muon_qk_pairs"])
+def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device, qk_pairs):
     """A checkpoint after a skipped step carries the slow groups' pending gradients (per rank): a fresh
     optimizer loaded from it (through save_checkpoint / load_checkpoint) ends the next step bitwise equal to
-    the uninterrupted one; without the pending gradients the slow groups would differ."""
+    the uninterrupted one; without the pending gradients the slow groups would differ. With --muon-qk-pairs (four
+    heads) the W_q / W_k blocks' momentum and second moment come back too."""
     hp = tg.smoke_hyperparameters(adam_every=2)
+    if qk_pairs:
+        hp = dataclasses.replace(hp, muon_qk_pairs=True, num_heads=4, head_dim=16)
     dev = Dist(device=torch.device(device))
     gen = torch.Generator().manual_seed(5)
     pa = _perturbed_params(hp, seed=3, device=device)
@@ -1382,6 +1386,9 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     b = tg.Optimizer(hp, pb, dev)
     checkpoints.load_checkpoint(path, pb, b, dev)
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
+    if qk_pairs:
+        assert torch.equal(b.groups["attn_bank"].mom_blocks, a.groups["attn_bank"].mom_blocks)
+        assert b.groups["attn_bank"].mom_blocks.any() and b.groups["attn_bank"].v2_blocks.any()
     for opt, params in ((a, pa), (b, pb)):
         _feed(params, grads[1], params)
         opt.step(tg.step_plan(hp, 1), 1.2, 0.9)
