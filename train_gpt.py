@@ -711,7 +711,7 @@ def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
     single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
     inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C); resid 0-d and post (2,) fp32 or already in the
-    lanes' dtype (cast here)."""
+    lanes' dtype (cast here), or per token (--mudd's layer L-1): resid (T, 1) and post (1, T, 1)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     if lane1 is None:
         return r * lane0 + (w[0] * out if weighted else out) + inject, None
@@ -719,7 +719,8 @@ def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
 
 
 def mlp_residual(lane0, lane1, out, resid, post):
-    """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is."""
+    """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
+    attn_residual's)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     return r * lane0 + w[0] * out, None if lane1 is None else r * lane1 + w[1] * out
 
@@ -924,6 +925,10 @@ def make_layers(hp, attend, mlp=mlp_sublayer, signs=None):
                     x0[:, :G] @ params["skip_gate"].to(x0.dtype).T)  # (T, 1)
                 lane0 = lane0 + gate * skip
                 lane1 = None if lane1 is None else lane1 + gate * skip
+            # (residual weight, output weights) of the attention and the MLP: the layer's lambdas, or at layer L-1
+            # with --mudd the per-token ones (T, 1) from mudd_layer, the output weight as its one lane, (1, T, 1)
+            weights = (((resid[i][0], post[i][0]), (resid[i][1], post[i][1])) if gates is None else
+                       ((gates.resid_attn, gates.post_attn[None]), (gates.resid_mlp, gates.post_mlp[None])))
             if i not in hp.no_attn_layers:
                 kind = "long" if i in hp.long_window_layers else "short"
                 t = hp.ve_tables[i]
@@ -943,21 +948,17 @@ def make_layers(hp, attend, mlp=mlp_sublayer, signs=None):
                                v_add=None if gates is None else gates.v_add,
                                ve_gate_out=None if gates is None else gates.ve_gate)
                 a += 1
-                if gates is not None:  # --mudd, layer L-1: per-token weights; x0 is the stream's start here
-                    inject = gates.x0 * start + (0 if big is None else gates.bigram * big)
-                    lane0 = gates.resid_attn * lane0 + gates.post_attn * out + inject
-                else:
+                if gates is None:
                     inject = x0_lams[i] * x0
                     if big is not None and i > 0:  # layer 0's bigram is in the prelude
                         inject = inject + b_lams[i] * big
-                    lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0], weighted=one)
+                else:  # --mudd, layer L-1: per-token weights; x0 is the stream's start here
+                    inject = gates.x0 * start + (0 if big is None else gates.bigram * big)
+                lane0, lane1 = attn_residual(lane0, lane1, out, inject, *weights[0], weighted=one)
             if i == hp.skip_from and not one:
                 skip = lane0
             out = mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
-            if gates is not None:
-                lane0 = gates.resid_mlp * lane0 + gates.post_mlp * out
-            else:
-                lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
+            lane0, lane1 = mlp_residual(lane0, lane1, out, *weights[1])
             if i == hp.skip_from and one:
                 skip = lane0
             if i == hp.backout_layer:
