@@ -124,6 +124,25 @@ ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0
               "keep_last": (0, None)}
 
 
+def check_mudd(hp):
+    """--mudd's layout: record #81's on one stream, gating the last layer from the one before it."""
+    last = hp.num_layers - 1
+    if not hp.one_stream:
+        raise SettingsError("--mudd: built on record #77's single stream; add --one-stream")
+    if not hp.backout:
+        raise SettingsError("--mudd: its final mix does the backout (it starts at -0.5 x the backout layer's output); "
+                            "leave out --no-backout")
+    if hp.num_layers < 3 or max(hp.backout_layer, hp.skip_from) >= last - 1:
+        raise SettingsError(f"--mudd: mixes the outputs of --backout-layer and --skip-from into the last two layers, "
+                            f"so both must come before layer {last - 1}")
+    if last in hp.no_attn_layers or hp.ve_tables[last] < 0 or last in hp.paired_layers:
+        raise SettingsError(f"--mudd: gates the last layer's ({last}) value embedding: it needs attention, a value "
+                            f"embedding (--ve-tables) and no paired heads")
+    if hp.num_heads % 2:
+        raise SettingsError(f"--mudd: its value gate has one channel per half of the heads; --num-heads must be even, "
+                            f"got {hp.num_heads}")
+
+
 def check_settings(hp, args, check_world_size, untie_step, block):
     """Raise SettingsError (or CheckpointError), one line naming the flag, for the first setting that cannot work:
     with --resume the flags given against the checkpoint's (check_resume_flags), the world size (WORLD_SIZE, by
@@ -187,6 +206,14 @@ def check_settings(hp, args, check_world_size, untie_step, block):
     if hp.xsa and not hp.xsa_layers:
         raise SettingsError("--xsa: every attention layer has paired heads (--paired-head-layers), where XSA does not "
                             "apply; leave out --xsa or a layer from --paired-head-layers")
+    if hp.mudd:
+        check_mudd(hp)
+    if hp.muon_qk_pairs and hp.num_heads % 2:
+        raise SettingsError(f"--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got "
+                            f"{hp.num_heads}")
+    if hp.bigram_signs and not hp.bigram:
+        raise SettingsError("--bigram-signs: signs of the bigram embeddings, which --no-bigram turns off; leave out "
+                            "one of them")
     if hp.mlp_act_only and not hp.fused_mlp:
         raise SettingsError("--mlp-act-only: a mode of the fused MLP kernel, which --no-fused-mlp turns off; leave out "
                             "one of them")

@@ -20,7 +20,10 @@ banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm
 a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
 prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
 embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
-beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers.
+beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
+--one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
+the last two layers (make_layers, mudd_layer); --bigram-signs, record #83's sign trick (bigram_signs); and, in the
+optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -111,6 +114,7 @@ class Hyperparameters:
     # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
     bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
     bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last is reserved: position 0 and each BOS)
+    bigram_signs: bool = False  # opt-in (record #83): bigram rows times fixed +-1 vectors picked by id[t-1] xor id[t]
     paired_heads: bool = True  # paired-head attention in paired_head_layers
     paired_head_layers: tuple = (0, 2, 5, 9)  # layers where head h and head h + H/2 attend as one interleaved head
     mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
@@ -123,6 +127,8 @@ class Hyperparameters:
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
     # opt-in model features (beyond record #74; off by default)
     xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
+    one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
+    mudd: bool = False  # record #81 (with --one-stream): per-token MLPs mix earlier states into the last two layers
     # schedule
     scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -137,6 +143,7 @@ class Hyperparameters:
     muon_warmup_steps: int = 300  # steps of the momentum warmup
     muon_cooldown_steps: int = 50  # last steps, where the momentum goes back from max to min
     muon_beta2: float = 0.95  # NorMuon second-moment decay
+    muon_qk_pairs: bool = False  # opt-in (record #80): Muon takes each pair of heads' rows of W_q, W_k as a matrix
     muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
     mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
     # Adam for embeddings, head, gates, scalars
@@ -145,7 +152,7 @@ class Hyperparameters:
     adam_wd: float = 0.005  # decoupled decay per step = adam_wd * wd_mul * lr_effective^2 (public convention)
     # optimizer / profiling
     adam_every: int = 2  # Adam parameters (PARAMS' slow rows) step every N steps on the N summed grads
-    profile_steps: int = 0  # profile N untimed steps at each stage start: chrome trace + kernel table in the log dir
+    profile_steps: int = 0  # profile N untimed steps per stage start: trace, kernel table, CUDA launch_probe lines
     # CUDA; the same bits as --no-embed-grad-to-acc (dense gradients, folded into the accumulators by the hooks)
     embed_grad_to_acc: bool = True  # embedding backward adds touched rows into the optimizer's fp32 accumulators
     # run
@@ -359,6 +366,9 @@ PARAMS = {
     "x0_lambdas":     Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "bigram_lambdas": Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),
     "xsa_alpha":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.95)),  # ours (--xsa), no decay
+    "mudd_bias":      Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99)),  # --mudd (record #81's table)
+    "mudd_w2":        Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99),  wd_mul=1.0),
+    "mudd_w1":        Param(optim="adam", lr_mul=0.25, betas=(0.9, 0.99),  wd_mul=1.0),
     "smear_gate":     Param(optim="adam", lr_mul=0.01, betas=(0.9, 0.99)),
     "skip_gate":      Param(optim="adam", lr_mul=0.05, betas=(0.9, 0.99)),
     "attn_gate":      Param(optim="adam", lr_mul=1.0,  betas=(0.9, 0.99),  wd_mul=1.0),
@@ -411,12 +421,42 @@ def init_params(hp, device, seed):
         "attn_bank": uniform(n_attn * 4, C, C),  # [Wq, Wk, Wv, Wo] per attention layer
         "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),  # [W_fc, W_proj^T] per layer
     }
+    p.update(mudd_init(hp, g))  # drawn after the others, so that their values do not depend on it
     # Feature parameters exist whatever the flags (a disabled feature leaves its zero gradient unused), so the
     # optimizer's table and a checkpoint's keys do not depend on the flags.
+    p = {k: p[k] for k in PARAMS}
     assert list(p) == list(PARAMS)
     dtype = getattr(torch, hp.param_dtype)
     return {k: v.to(device=device, dtype=dtype if PARAMS[k].matrix else torch.float32).requires_grad_()
             for k, v in p.items()}
+
+
+# --mudd (record #81): two small per-token MLPs, x (T, C) -> gelu(x W1^T) (T, MUDD_HIDDEN) -> (T, 2, MUDD_COLS)
+# coefficients, (h W2 + bias) * MUDD_SCALE. Row 0 reads the stream after layer L-2 (its MLP done); its channel
+# 0 / 1 columns: the value correction's / the stream's weights of (start, back, self), then layer L-1's value-
+# embedding gate (both channels, each for half the heads), its residual and output weights (channel 0 attention,
+# 1 MLP) and, channel 0 only, its x0 and bigram weights. Row 1 reads the stream after layer L-1; channel 1's
+# first five columns weigh (start, back, the stream after layer L-2, value-embedding table 0, skip) into the
+# final stream. start: the stream before layer 0 (x0 plus layer 0's bigram), back: backout_layer's output.
+MUDD_HIDDEN, MUDD_COLS, MUDD_FINAL_SOURCES = 64, 8, 5
+MUDD_SCALE = 0.2 / 3 ** 0.5  # the record's 0.2 / sqrt(3 sources)
+MUDD_V_GAIN = 1.15  # the value correction's fixed gain (the record's)
+MUDD_BACKOUT = -4.34  # row 1's bias on back: -0.501 after MUDD_SCALE, the backout it replaces (backout_lambda 0.5)
+
+
+def mudd_init(hp, g):
+    """--mudd's parameters: W1 (2, MUDD_HIDDEN, C) uniform in +-1/sqrt(C) (torch's default Linear init), W2
+    (2, MUDD_HIDDEN, 2, MUDD_COLS) zero, so that every coefficient starts at its bias * MUDD_SCALE: layer L-1's
+    residual weights sqrt(1.1), output weights 1, bigram weight 0.05 (as the static scalars they replace), the
+    rest 0 but the final mix's -0.5 x back (the backout)."""
+    C = hp.model_dim
+    bias = torch.zeros(2, 2, MUDD_COLS)
+    bias[0, :, 4] = 1.1 ** 0.5 / MUDD_SCALE  # layer L-1: residual weight of attention (0) and MLP (1)
+    bias[0, :, 5] = 1.0 / MUDD_SCALE  # layer L-1: output weight of attention (0) and MLP (1)
+    bias[0, 0, 7] = 0.05 / MUDD_SCALE  # layer L-1: bigram weight (its x0 weight, column 6, starts at 0)
+    bias[1, 1, 1] = MUDD_BACKOUT
+    w1 = (torch.rand(2, MUDD_HIDDEN, C, generator=g) * 2 - 1) * C ** -0.5
+    return {"mudd_bias": bias, "mudd_w2": torch.zeros(2, MUDD_HIDDEN, 2, MUDD_COLS), "mudd_w1": w1}
 
 
 # -----------------------------------------------------------------------------
@@ -494,6 +534,25 @@ def bigram_hash(ids, rows, bos_id):
     return torch.where(x == bos_id, rows - 1, out).to(torch.int32)
 
 
+BIGRAM_SIGN_ROWS, BIGRAM_SIGN_SEED = 8192, 83  # --bigram-signs: the table's rows (the record's) and its fixed seed
+
+
+def bigram_sign_table(C, device, dtype):
+    """--bigram-signs: (BIGRAM_SIGN_ROWS, C) random +-1 (signs of N(0, 1) draws from a generator of its own, fixed
+    seed: the same table on every rank, run and checkpoint), in dtype."""
+    g = torch.Generator().manual_seed(BIGRAM_SIGN_SEED)
+    return torch.randn(BIGRAM_SIGN_ROWS, C, generator=g).sign().to(device=device, dtype=dtype)
+
+
+def bigram_signs(ids, bos_id, table):
+    """--bigram-signs (record #83's sign trick): (T, C) the table's row (ids[t-1] xor ids[t]) mod its rows per
+    position t, row 0 at position 0 and at every BOS (as bigram_hash, which gives those the reserved row, no
+    previous document leaks in). Bigrams that share a hashed row mostly get other signs, so they interfere less."""
+    x = ids.to(torch.int64)
+    idx = torch.cat([torch.zeros_like(x[:1]), torch.bitwise_xor(x[:-1], x[1:]) % table.shape[0]])
+    return table[torch.where(x == bos_id, 0, idx)]
+
+
 def rotary(x, cos, sin):
     """x (..., D) with each pair (x1, x2) = (x[i], x[i + D/2]) turned to (x1 c + x2 s, x2 c - x1 s), from rotary_tables'
     full-width cos = [c, c] and sin = [s, -s]: x * cos + swap(x) * sin, swap exchanging the two halves of the last
@@ -539,7 +598,7 @@ def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
     def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
-                      paired=False, key_offset=False, bos=None, xsa=None):
+                      paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
         lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
@@ -549,7 +608,9 @@ def make_attn_sublayer(hp, attend):
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
         tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
         bos (T,) bool). xsa (H,): --xsa's tanh(alpha) per head, or None; not with paired (hp.xsa_layers): each head's
-        output loses that share of its part along its token's own value v (xsa_part), before the output gate."""
+        output loses that share of its part along its token's own value v (xsa_part), before the output gate.
+        --mudd's layer L-1 (not paired): v_add (T, H, D) is added to the values, and ve_gate_out (T, H) is the
+        value embedding's gate itself (in place of 2 * sigmoid(...) of ve_gate)."""
         if paired and xsa is not None:
             raise ValueError("attn_sublayer: XSA needs one value vector per head and token (no paired heads)")
         T, C = x.shape
@@ -559,6 +620,8 @@ def make_attn_sublayer(hp, attend):
             w_qkv = lam[0].to(w_qkv.dtype) * w_qkv
             w_o = lam[1].to(w_o.dtype) * w_o
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
+        if v_add is not None:
+            v = v + v_add
         q = rotary(rms_norm(q), cos, sin) * qscale.to(h.dtype)
         k = rotary(rms_norm(k), cos, sin)
         if key_offset:
@@ -566,8 +629,11 @@ def make_attn_sublayer(hp, attend):
         if ve is not None:
             # The record's gate input: the first G dims of the normed input in paired layers, else its first G/2
             # dims next to the value embedding's first G/2.
-            g_in = h[:, :G] if paired else torch.cat([h[:, :G // 2], ve[:, :G - G // 2]], dim=-1)
-            gate = 2 * torch.sigmoid(g_in @ ve_gate.to(h.dtype).T)  # (T, H)
+            if ve_gate_out is not None:
+                gate = ve_gate_out
+            else:
+                g_in = h[:, :G] if paired else torch.cat([h[:, :G // 2], ve[:, :G - G // 2]], dim=-1)
+                gate = 2 * torch.sigmoid(g_in @ ve_gate.to(h.dtype).T)  # (T, H)
             v = v + gate[..., None] * ve.view(T, H, D)
         if paired:
             # The public record's construction: each token's H*D values read as two tokens of H/2 heads, so
@@ -583,6 +649,51 @@ def make_attn_sublayer(hp, attend):
     return attn_sublayer
 
 
+def mudd_coefficients(x, w1, w2, bias):
+    """--mudd: x (T, C), w1 (MUDD_HIDDEN, C), w2 (MUDD_HIDDEN, *S), bias S -> (T, *S) per-token coefficients,
+    (gelu(x w1^T) w2 + bias) * MUDD_SCALE; all in x's dtype (the caller casts the weights)."""
+    h = F.gelu(x @ w1.T)
+    return ((h @ w2.flatten(1)).view(x.shape[0], *w2.shape[1:]) + bias) * MUDD_SCALE
+
+
+class MuddGates(NamedTuple):
+    """What --mudd's layer L-2 hands layer L-1, each per token: the value correction (T, H, D), the value
+    embedding's gate (T, H), and (T, 1) weights: attention's residual / output, the MLP's, x0's and the bigram's."""
+    v_add: torch.Tensor
+    ve_gate: torch.Tensor
+    resid_attn: torch.Tensor
+    post_attn: torch.Tensor
+    resid_mlp: torch.Tensor
+    post_mlp: torch.Tensor
+    x0: torch.Tensor
+    bigram: torch.Tensor
+
+
+def mudd_layer(x, start, back, w1, w2, bias, num_heads):
+    """--mudd after layer L-2's MLP: x (T, C) -> (new stream, MuddGates for layer L-1). With c =
+    mudd_coefficients(x, ...) (T, 2, MUDD_COLS): the stream becomes (1 + c[1, 2]) x + c[1, 0] start + c[1, 1] back,
+    the value correction is MUDD_V_GAIN (c[0, 0] start + c[0, 1] back + c[0, 2] x) as (T, H, D), and head h's value
+    gate is c[h // (H / 2), 3] + 2 (the static gate's 2 sigmoid(.) starts at 1)."""
+    T, C = x.shape
+    c = mudd_coefficients(x, w1, w2, bias)
+    cv, cr = c[:, 0, :3].unsqueeze(-1).unbind(1), c[:, 1, :3].unsqueeze(-1).unbind(1)
+    v_add = (MUDD_V_GAIN * (cv[0] * start + cv[1] * back + cv[2] * x)).view(T, num_heads, C // num_heads)
+    new = (1 + cr[2]) * x + cr[0] * start + cr[1] * back
+    ve_gate = c[:, :, 3, None].expand(T, 2, num_heads // 2).reshape(T, num_heads) + 2  # channel j: heads of half j
+    col = c.unsqueeze(-1)  # (T, 2, MUDD_COLS, 1): a column as (T, 1)
+    return new, MuddGates(v_add, ve_gate, col[:, 0, 4], col[:, 0, 5], col[:, 1, 4], col[:, 1, 5], col[:, 0, 6],
+                          col[:, 0, 7])
+
+
+def mudd_final(x, sources, w1, w2, bias):
+    """--mudd after layer L-1: x + sum_j c_j sources[j], c = mudd_coefficients(x, w1, w2[:, 1, :5], bias[1, :5])
+    (row 1's channel 1), sources (start, back, stream after layer L-2, value-embedding table 0, skip), each (T, C)."""
+    c = mudd_coefficients(x, w1, w2[:, 1, :MUDD_FINAL_SOURCES], bias[1, :MUDD_FINAL_SOURCES])
+    for j, src in enumerate(sources):
+        x = x + c[:, j:j + 1] * src
+    return x
+
+
 def mlp_sublayer(x, w_fc, w_proj_t):
     """x (T, C) lane -> relu(norm(x) W_fc^T)^2 W_proj^T, with W_proj^T stored (mlp_dim, C)."""
     return F.relu(rms_norm(x) @ w_fc.T).square() @ w_proj_t
@@ -595,19 +706,21 @@ def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
-def attn_residual(lane0, lane1, out, inject, resid, post):
+def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
-    lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (the record's
-    single-lane layers have no output weight). inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C);
-    resid 0-d and post (2,) fp32 or already in the lanes' dtype (cast here)."""
+    lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
+    single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
+    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C); resid 0-d and post (2,) fp32 or already in the
+    lanes' dtype (cast here), or per token (--mudd's layer L-1): resid (T, 1) and post (1, T, 1)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     if lane1 is None:
-        return r * lane0 + out + inject, None
+        return r * lane0 + (w[0] * out if weighted else out) + inject, None
     return r * lane0 + w[0] * out + inject, r * lane1 + w[1] * out
 
 
 def mlp_residual(lane0, lane1, out, resid, post):
-    """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is."""
+    """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
+    attn_residual's)."""
     r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
     return r * lane0 + w[0] * out, None if lane1 is None else r * lane1 + w[1] * out
 
@@ -750,16 +863,24 @@ def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=No
     return e, ves, big
 
 
-def make_layers(hp, attend, mlp=mlp_sublayer):
+def make_layers(hp, attend, mlp=mlp_sublayer, signs=None):
     """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
-    function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer)."""
+    function and the MLP sublayer (mlp_sublayer or fused_mlp_sublayer). --one-stream (record #77): lane 0
+    alone, every attention output weighted by its post lambda, the attention layers after backout_layer read
+    that layer's output instead of the stream, and the skip is saved after skip_from's MLP. --mudd (record #81, on
+    one stream): after layer L-2, mudd_layer mixes earlier states into the stream and makes layer L-1's value
+    correction and per-token gates and weights (in place of its static scalars); after layer L-1, mudd_final mixes
+    five states into the final stream, which takes the backout's place (no backout_lambda). signs: with
+    --bigram-signs, bigram_sign_table on the device; the bigram embeddings are multiplied by bigram_signs first."""
     attn = make_attn_sublayer(hp, attend)
     paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
+        if signs is not None and big is not None:
+            big = big * bigram_signs(ids, hp.bos_id, signs)
         # The document structure for attention: for the sequence and (paired heads) its interleaved 2T copy, where
         # every document is twice as long. docs (cumulative BOS count) serves the dense CPU path only (unused,
         # and dropped by the compiler, on CUDA).
@@ -791,42 +912,64 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         G = hp.gate_dims
         lane1, skip, back = None, None, None
         a = v = 0  # index of the next attention layer / value-embedding gate
+        one = hp.one_stream
+        start, last = lane0, hp.num_layers - 1  # --mudd: the stream before layer 0; the layer MUDD gates
+        gates = before_last = None
+        if hp.mudd:
+            mudd_w = [params[k].to(lp).unbind(0) for k in ("mudd_w1", "mudd_w2", "mudd_bias")]
         for i in range(hp.num_layers):
-            if i == hp.parallel_start:
+            if i == hp.parallel_start and not one:
                 lane1 = lane0
             if i == hp.skip_to:  # the record's gate: sigmoid(skip_lambda) * 2 * sigmoid(x0[t, :G] . skip_gate)
                 gate = torch.sigmoid(skip_lambda).to(x0.dtype) * 2 * torch.sigmoid(
                     x0[:, :G] @ params["skip_gate"].to(x0.dtype).T)  # (T, 1)
                 lane0 = lane0 + gate * skip
                 lane1 = None if lane1 is None else lane1 + gate * skip
+            # (residual weight, output weights) of the attention and the MLP: the layer's lambdas, or at layer L-1
+            # with --mudd the per-token ones (T, 1) from mudd_layer, the output weight as its one lane, (1, T, 1)
+            weights = (((resid[i][0], post[i][0]), (resid[i][1], post[i][1])) if gates is None else
+                       ((gates.resid_attn, gates.post_attn[None]), (gates.resid_mlp, gates.post_mlp[None])))
             if i not in hp.no_attn_layers:
                 kind = "long" if i in hp.long_window_layers else "short"
                 t = hp.ve_tables[i]
                 ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
                 v += t >= 0
                 lam = attn_lams[a] if attn_lams is not None else None
+                src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
-                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
                                tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
-                    out = attn(lane0, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
-                               xsa=xsa[i] if i in xsa_layers else None)
+                               xsa=xsa[i] if i in xsa_layers else None,
+                               v_add=None if gates is None else gates.v_add,
+                               ve_gate_out=None if gates is None else gates.ve_gate)
                 a += 1
-                inject = x0_lams[i] * x0
-                if big is not None and i > 0:  # layer 0's bigram is in the prelude
-                    inject = inject + b_lams[i] * big
-                lane0, lane1 = attn_residual(lane0, lane1, out, inject, resid[i][0], post[i][0])
-            if i == hp.skip_from:
+                if gates is None:
+                    inject = x0_lams[i] * x0
+                    if big is not None and i > 0:  # layer 0's bigram is in the prelude
+                        inject = inject + b_lams[i] * big
+                else:  # --mudd, layer L-1: per-token weights; x0 is the stream's start here
+                    inject = gates.x0 * start + (0 if big is None else gates.bigram * big)
+                lane0, lane1 = attn_residual(lane0, lane1, out, inject, *weights[0], weighted=one)
+            if i == hp.skip_from and not one:
                 skip = lane0
             out = mlp(lane0 if lane1 is None else lane1, mlp_w[2 * i], mlp_w[2 * i + 1])
-            lane0, lane1 = mlp_residual(lane0, lane1, out, resid[i][1], post[i][1])
+            lane0, lane1 = mlp_residual(lane0, lane1, out, *weights[1])
+            if i == hp.skip_from and one:
+                skip = lane0
             if i == hp.backout_layer:
                 back = lane0
+            if hp.mudd and i == last - 1:
+                before_last = lane0
+                lane0, gates = mudd_layer(lane0, start, back, *(w[0] for w in mudd_w), hp.num_heads)
         x = lane0 if lane1 is None else (lane0 + lane1) * 0.5
-        if hp.backout:
+        if hp.mudd:
+            x = mudd_final(x, (start, back, before_last, ves[0], skip), *(w[1] for w in mudd_w))
+        elif hp.backout:
             # Back out what the first layers wrote for later context rather than for the prediction (public record).
             x = x - backout_lambda * back
         return x
@@ -871,7 +1014,10 @@ def build_fns(hp, device, compile_model, attention="auto"):
     if fused_mlp and hp.mlp_act_only:
         def mlp(x, w_fc, w_proj_t):  # --mlp-act-only
             return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)
-    layers = make_layers(hp, attend, mlp)
+    signs = None
+    if hp.bigram and hp.bigram_signs:
+        signs = bigram_sign_table(hp.model_dim, device, getattr(torch, hp.param_dtype))
+    layers = make_layers(hp, attend, mlp, signs=signs)
 
     def loss(x, w, t, wk, head8=None):
         return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)
@@ -952,10 +1098,14 @@ def forward(hp, params, fns, batch, windows, rot_cache, train, mtp=None, yarn_lo
 
 class Group:
     """One parameter (spec: its PARAMS row): its fp32 gradient accumulator (rows padded to a multiple of the world
-    size) and this rank's optimizer shard, rows lo .. lo + shard_rows."""
+    size) and this rank's optimizer shard, rows lo .. lo + shard_rows. blocks (Muon, --muon-qk-pairs' attn_bank):
+    the matrices whose global index modulo 4 is 0 or 1 (W_q, W_k) are each split into ``blocks`` row blocks (pairs
+    of heads) that NorMuon takes as matrices of their own; ``split`` then holds (their rows, the other rows) of my
+    shard, and their momentum and second moment are kept apart, in the blocks' shape (mom_blocks, v2_blocks)."""
 
-    def __init__(self, name, param, d):
+    def __init__(self, name, param, d, blocks=0):
         self.name, self.param, self.spec = name, param, PARAMS[name]
+        self.blocks = blocks
         self.muon = self.spec.optim == "muon"
         self.slow = self.spec.optim == "adam" and self.spec.slow
         self.rows = param.shape[0]
@@ -967,6 +1117,11 @@ class Group:
         self.acc = torch.zeros((self.rows_pad, *param.shape[1:]), dtype=torch.float32, device=param.device)
         self.gathered = (param.data if self.rows_pad == self.rows else
                          torch.zeros((self.rows_pad, *param.shape[1:]), dtype=param.dtype, device=param.device))
+        self.split = None
+        if blocks:
+            idx = torch.arange(self.lo, self.lo + self.shard_rows)
+            qk = (idx % 4 < 2) & (idx < self.rows)
+            self.split = tuple(torch.nonzero(m).flatten().to(param.device) for m in (qk, ~qk))
         self.reset_state()
 
     def shard_of(self, full):
@@ -984,9 +1139,13 @@ class Group:
         self.step = 0
         if self.muon:
             M, N = p.shape[1:]
-            self.mom = torch.zeros_like(self.master)
-            self.v2 = torch.zeros((self.shard_rows, M, 1) if M >= N else (self.shard_rows, 1, N),
-                                  dtype=torch.float32, device=p.device)
+            other = self.shard_rows if self.split is None else len(self.split[1])
+            self.mom = torch.zeros((other, M, N), dtype=torch.float32, device=p.device)
+            self.v2 = second_moment(other, M, N, p.device)
+            if self.split is not None:
+                k = len(self.split[0]) * self.blocks
+                self.mom_blocks = torch.zeros((k, M // self.blocks, N), dtype=torch.float32, device=p.device)
+                self.v2_blocks = second_moment(k, M // self.blocks, N, p.device)
         else:
             self.exp_avg = torch.zeros_like(self.master)
             self.exp_avg_sq = torch.zeros_like(self.master)
@@ -998,7 +1157,14 @@ class Group:
 
     def state_tensors(self):
         keys = ("master", "mom", "v2") if self.muon else ("master", "exp_avg", "exp_avg_sq")
+        if self.split is not None:
+            keys += ("mom_blocks", "v2_blocks")
         return {k: getattr(self, k) for k in keys}
+
+
+def second_moment(k, M, N, device):
+    """NorMuon's second-moment state of k (M, N) matrices: per row (k, M, 1) when M >= N, else per column."""
+    return torch.zeros((k, M, 1) if M >= N else (k, 1, N), dtype=torch.float32, device=device)
 
 
 class StepPlan(NamedTuple):
@@ -1041,7 +1207,8 @@ class Optimizer:
     def __init__(self, hp, params, d):
         self.hp, self.d = hp, d
         self.kernels = StepKernels.on(d.device)
-        self.groups = {n: Group(n, params[n], d) for n in PARAMS}
+        pairs = hp.num_heads // 2 if hp.muon_qk_pairs else 0  # --muon-qk-pairs: W_q, W_k as H/2 blocks each
+        self.groups = {n: Group(n, params[n], d, blocks=pairs if n == "attn_bank" else 0) for n in PARAMS}
         self.tie = next((n, p.tied_to) for n, p in PARAMS.items() if p.tied_to)  # (the tied row, its partner)
         self._embedding_accs = None  # embedding_accs(), made on first use
         self.tied = True  # the tied row has no optimizer state of its own (untie() gives it one)
@@ -1190,14 +1357,32 @@ class Optimizer:
             self.kernels.adam(params, grads, exp_avgs, exp_avg_sqs, masters, hparams, cautious_wd=True)
 
     def _muon(self, g, grad, lr_mul, momentum):
+        if g.split is None:
+            self._muon_matrices(grad, g.mom, g.v2, g.master, g.lr_mul, g.shard_param, lr_mul, momentum)
+            return
+        # --muon-qk-pairs: my W_q / W_k rows as blocks (a view of their copies), the others as they are; masters
+        # and parameter rows copied out, updated, and written back in place
+        for rows, mom, v2, blocks in ((g.split[0], g.mom_blocks, g.v2_blocks, g.blocks), (g.split[1], g.mom, g.v2, 1)):
+            if not len(rows):
+                continue
+            shape = (len(rows) * blocks, g.param.shape[1] // blocks, g.param.shape[2])
+            master, param = g.master[rows].view(shape), g.shard_param[rows].view(shape)
+            self._muon_matrices(grad[rows].view(shape), mom, v2, master, g.lr_mul[rows].repeat_interleave(blocks),
+                                param, lr_mul, momentum)
+            g.master[rows] = master.view(-1, *g.param.shape[1:])
+            g.shard_param[rows] = param.view(-1, *g.param.shape[1:])
+
+    def _muon_matrices(self, grad, mom, v2, master, lr_muls, param_out, lr_mul, momentum):
+        """NorMuon on k matrices (k, M, N): fp32 gradients, momentum and second moment (state, in place), fp32
+        masters and parameter-dtype copies (written in place), per-matrix lr multipliers (k,)."""
         hp = self.hp
-        M, N = g.param.shape[1:]
-        x = self.kernels.momentum(grad, g.mom, momentum)  # bf16, Frobenius-normalised per matrix
-        o = self.kernels.polar(x, normalized=True)  # (shard_rows, M, N) bf16, ~orthogonal
+        M, N = grad.shape[1:]
+        x = self.kernels.momentum(grad, mom, momentum)  # bf16, Frobenius-normalised per matrix
+        o = self.kernels.polar(x, normalized=True)  # (k, M, N) bf16, ~orthogonal
         lr = hp.muon_lr * lr_mul * max(1.0, M / N) ** 0.5
         # NorMuon (per-row / per-column second moment, norm-preserving), cautious decay on the fp32 master and
         # the cast to the parameter dtype, fused (kernels.normuon).
-        self.kernels.normuon(o, g.v2, g.master, g.lr_mul, g.shard_param, lr=lr, beta2=hp.muon_beta2,
+        self.kernels.normuon(o, v2, master, lr_muls, param_out, lr=lr, beta2=hp.muon_beta2,
                              wd=hp.muon_wd * hp.muon_lr * lr_mul)
 
     def state_dict(self):
@@ -1356,12 +1541,7 @@ class Trainer:
         for i, mb in enumerate(mbs):
             if i == len(mbs) - 1:  # complete gradients start their reduce-scatter inside this backward
                 self.opt.last_backward(plan)
-            # --embed-grad-to-acc (CUDA): the embedding tables' backward adds straight into their accumulators
-            accs = self.opt.embedding_accs() if self.fns.embed_accs else None
-            loss = forward(hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
-                           accs=accs, head8=head8)
-            loss = loss / SLOTS
-            loss.backward()  # the optimizer's hooks move each gradient into its fp32 accumulator
+            loss = self.micro_step(step, mb, windows, head8)
             if want_loss:
                 total = loss.detach() if total is None else total + loss.detach()
             if i == 0 and clock is not None:
@@ -1374,6 +1554,42 @@ class Trainer:
             clock.queued(step, total)
             return None
         return total.item() if want_loss else None
+
+    def micro_step(self, step, mb, windows, head8):
+        """Forward and backward of one training micro-batch of ``step``; returns its loss / SLOTS. The optimizer's
+        hooks move each gradient into its fp32 accumulator; with --embed-grad-to-acc (CUDA) the embedding tables'
+        backward adds straight into theirs."""
+        accs = self.opt.embedding_accs() if self.fns.embed_accs else None
+        loss = forward(self.hp, self.params, self.fns, mb, windows, self.rot_cache, train=True, mtp=self.mtp[step],
+                       accs=accs, head8=head8) / SLOTS
+        loss.backward()
+        return loss
+
+    def launch_probe(self, step, hold_ms=300.0):
+        """(host ms, device ms) of one training micro-batch of ``step``, CUDA only: its forward and backward are
+        queued while the device is held busy (torch.cuda._sleep), so the host's time to queue their kernels and
+        the device's time to run them back to back come apart. Where the host is the slower, the steps of that
+        length wait on the host. A queueing longer than hold_ms shows in the device time too. The gradients go
+        into the accumulators (launch_probes resets them) and no collective starts."""
+        self.loader.rewind(step)
+        mb = self.loader.next()[0]
+        head8 = self.fns.head_operands(self.params["lm_head"])
+        first, last, unit = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(10 ** 6)  # the hold's length in cycles: this device's ms per million cycles
+        unit.record()
+        torch.cuda._sleep(10 ** 6)
+        first.record()
+        first.synchronize()
+        cycles = int(hold_ms / max(unit.elapsed_time(first), 1e-3) * 10 ** 6)
+        torch.cuda._sleep(cycles)
+        first.record()
+        t0 = time.perf_counter()
+        self.micro_step(step, mb, windows_at(self.hp, step), head8)
+        last.record()
+        host = (time.perf_counter() - t0) * 1e3
+        last.synchronize()
+        return host, first.elapsed_time(last)
 
     @torch.no_grad()
     def validate(self, windows, max_micro=None, yarn_long=None):
@@ -1443,6 +1659,21 @@ def warmup(trainer, log=None):
     return phases
 
 
+def launch_probes(trainer, log):
+    """--profile-steps on CUDA, after the warmup: one ``launch_probe:`` line per micro-batch length, from the first
+    step of the first stage of that length (Trainer.launch_probe: is the host or the device the slower there?),
+    then a full state reset."""
+    hp, seen = trainer.hp, set()
+    for i, (start, end, _) in enumerate(stage_bounds(hp)):
+        T = micro_tokens_at(hp, start)
+        if start < end and T not in seen:
+            seen.add(T)
+            host, device = trainer.launch_probe(start)
+            log(f"launch_probe: stage{i} T={T}: host {host:.1f} ms to queue one micro-batch's forward and backward, "
+                f"device {device:.1f} ms to run them")
+    trainer.reset()
+
+
 def train(hp, args, d, startup):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
@@ -1466,6 +1697,8 @@ def train(hp, args, d, startup):
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         log(startup.line())
         compiling.warmup(lambda: warmup(trainer, log))
+        if hp.profile_steps > 0 and d.device.type == "cuda":
+            launch_probes(trainer, log)
         if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)
             profile_stages([b[:2] for b in stage_bounds(hp)], hp.profile_steps, trainer.loader.rewind,
                            lambda s: trainer.train_step(s, want_loss=False), trainer.reset, log, d)

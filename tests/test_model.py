@@ -409,10 +409,11 @@ def spec_xsa(y, v, alpha):
     return y - torch.tanh(alpha)[:, None] * spec_xsa_part(y, v)
 
 
-def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset, xsa=None):
+def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset, xsa=None, v_add=None, ve_gate=None):
     """The attention sublayer written out: lambdas on the weights, QK-norm, rotary, key offset, value
     embedding, and for paired heads the explicit interleaved sequence of record #74; xsa (H,): XSA's raw alphas
-    (spec_xsa; unpaired heads only) or None."""
+    (spec_xsa; unpaired heads only) or None. --mudd's last layer: v_add (T, H, D) added to the values and
+    ve_gate (T, H) the value embedding's gate (else record #74's 2 sigmoid(.))."""
     x, (Wq, Wk, Wv, Wo), lam = inp["x"], inp["W"], inp["lam"]
     T, C = x.shape
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
@@ -425,7 +426,11 @@ def _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset, xsa=None):
     # record #74's value-embedding gate: paired layers read 12 dims of the normed input, the others 6 of it and
     # 6 of the value embedding
     g_in = h[:, :G] if paired else torch.cat([h[:, :6], inp["ve"][:, :6]], dim=1)
-    v = v + 2 * torch.sigmoid(g_in @ inp["vg"].T)[..., None] * inp["ve"].view(T, H, D)
+    if ve_gate is None:
+        ve_gate = 2 * torch.sigmoid(g_in @ inp["vg"].T)
+    if v_add is not None:
+        v = v + v_add
+    v = v + ve_gate[..., None] * inp["ve"].view(T, H, D)
     if not paired:
         ang = torch.arange(T, dtype=x.dtype)[:, None, None] * freq.to(x.dtype)
         q, k = rope(q, ang), rope(k, ang)
@@ -645,10 +650,82 @@ def test_xsa_layers_come_from_the_layout():
 # Smear, backout, bigram, lambdas: one full forward against a float64 reference model
 
 
+def spec_bigram_signs(ids, bos, table):
+    """Record #83's sign rows, position by position: table[(ids[t-1] xor ids[t]) mod rows], and (ours, as the
+    bigram hash keeps documents apart) row 0 at position 0 and at every BOS."""
+    rows = [0 if t == 0 or ids[t] == bos else (ids[t - 1] ^ ids[t]) % table.shape[0] for t in range(len(ids))]
+    return torch.stack([table[r] for r in rows])
+
+
+def test_bigram_sign_table_is_a_fixed_random_sign_pattern():
+    """--bigram-signs' table: (8192, C) of +-1 only, the same at every call (every rank and run), balanced, with
+    rows that differ from each other."""
+    t = tg.bigram_sign_table(768, "cpu", torch.float32)
+    assert t.shape == (8192, 768) and set(t.unique().tolist()) == {-1.0, 1.0}
+    assert torch.equal(t, tg.bigram_sign_table(768, "cpu", torch.float32))
+    assert abs(t.mean().item()) < 0.01 and (t[0] != t[1]).float().mean() > 0.4
+
+
+def test_bigram_signs_pick_the_specs_rows_at_gpt2_ids():
+    """tg.bigram_signs against spec_bigram_signs on GPT-2-sized ids (xor up to 65535: the modulus matters) with BOS
+    tokens at the start, inside and twice in a row: the same rows exactly."""
+    table = tg.bigram_sign_table(64, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 50257, (1000,), generator=g, dtype=torch.int32)
+    ids[[0, 17, 400, 401, 999]] = 50256
+    assert torch.equal(tg.bigram_signs(ids, 50256, table), spec_bigram_signs(ids.tolist(), 50256, table))
+
+
+def test_bigram_signs_forward_matches_reference():
+    """--bigram-signs vs spec_forward in float64 (rule 1), every feature on, ids with BOS inside the sequence (their
+    sign row is row 0); and it changes the logits."""
+    _check_opt_in_against_spec(tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511,
+                                                        bigram_signs=True), "bigram_signs")
+
+
+def spec_gelu(x):
+    return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+
+
+MUDD_SCALE = 0.2 / 3 ** 0.5  # record #81's _mudd_scale: 0.2 / sqrt(its three sources)
+
+
+def spec_mudd_layer(P, x, start, back, H):
+    """Record #81's MUDD block after layer 9, on (T, C) states: per token t, the coefficients
+    c[t, ch, j] = (sum_k gelu(x[t] . W1[0, k]) W2[0, k, ch, j] + b[0, ch, j]) * 0.2 / sqrt(3); the stream becomes
+    x + c[., 1, 2] x + c[., 1, 0] start + c[., 1, 1] back; the next layer's value correction is
+    1.15 (c[., 0, 0] start + c[., 0, 1] back + c[., 0, 2] x), head by head; head h's value gate is
+    c[., h // (H/2), 3] + 2; columns 4 / 5 are the next layer's residual / output weights (channel 0 attention,
+    1 MLP), columns 6 / 7 of channel 0 its x0 / bigram weights."""
+    T, C = x.shape
+    hid = spec_gelu(x @ P["mudd_w1"][0].T)
+    c = (torch.einsum("tk,kcj->tcj", hid, P["mudd_w2"][0]) + P["mudd_bias"][0]) * MUDD_SCALE
+    col = lambda ch, j: c[:, ch, j][:, None]  # noqa: E731
+    v = 1.15 * (col(0, 0) * start + col(0, 1) * back + col(0, 2) * x)
+    gate = torch.stack([c[:, hh // (H // 2), 3] + 2 for hh in range(H)], dim=1)
+    out = dict(v=v.view(T, H, C // H), ve_gate=gate, resid_attn=col(0, 4), post_attn=col(0, 5),
+               resid_mlp=col(1, 4), post_mlp=col(1, 5), x0=col(0, 6), bigram=col(0, 7))
+    return x + col(1, 2) * x + col(1, 0) * start + col(1, 1) * back, out
+
+
+def spec_mudd_final(P, x, sources):
+    """Record #81's MUDD after the last layer: x + sum_j c[., j] sources[j] with c from row 1, channel 1,
+    columns 0-4 (W1[1], W2[1, :, 1, :5], b[1, 1, :5])."""
+    hid = spec_gelu(x @ P["mudd_w1"][1].T)
+    c = (hid @ P["mudd_w2"][1, :, 1, :5] + P["mudd_bias"][1, 1, :5]) * MUDD_SCALE
+    for j, s in enumerate(sources):
+        x = x + c[:, j:j + 1] * s
+    return x
+
+
 def spec_forward(hp, P, ids, windows):
     """Record #74's forward on our model (README.md: its deviations), per layer, in P's dtype: one lane until
     parallel_start (attention output added unweighted, x0 and the bigram injected after each attention), then
-    two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w)."""
+    two lanes with per-lane output weights; the U-net skip gated by sigmoid(skip_lambda) * 2 * sigmoid(x0 . w).
+    hp.one_stream, record #77's forward: never a second lane; x <- resid * x + post[i, 0, 0] * attention(norm(a))
+    + injections with a = x, or the output of layer backout_layer once it exists; the skip is x after
+    skip_from's MLP. hp.mudd, record #81 on that: spec_mudd_layer after layer L-2, its gates and weights in
+    layer L-1, and spec_mudd_final in place of the backout."""
     T, C, H, D, L, V = ids.numel(), hp.model_dim, hp.num_heads, hp.head_dim, hp.num_layers, hp.vocab_size
     dt, G = P["embed"].dtype, hp.gate_dims
     n_attn = len(hp.attn_layers)
@@ -670,12 +747,15 @@ def spec_forward(hp, P, ids, windows):
         e = e2
     x0 = norm(e)
     big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size, hp.bos_id))] if hp.bigram else None
+    if hp.bigram_signs:
+        big = big * spec_bigram_signs(ids.tolist(), hp.bos_id, tg.bigram_sign_table(C, "cpu", dt))
     lane0 = x0 if big is None else x0 + bl[0] * big
+    start, mudd = lane0, None  # --mudd: the stream before layer 0; what layer L-2 hands layer L-1
     lane1, skip, back = None, None, None
     ve_tabs = P["value_embeds"].view(hp.num_ve, V, C)
     vg = 0
     for i in range(L):
-        if i == hp.parallel_start:
+        if i == hp.parallel_start and not hp.one_stream:
             lane1 = lane0
         if i == hp.skip_to:
             gate = torch.sigmoid(skip_l) * 2 * torch.sigmoid(x0[:, :G] @ P["skip_gate"][0])[:, None]
@@ -686,29 +766,46 @@ def spec_forward(hp, P, ids, windows):
             paired = hp.paired_heads and i in hp.paired_head_layers
             long = i in hp.long_window_layers
             t = hp.ve_tables[i]
-            inp = dict(ids=ids, x=lane0, W=list(P["attn_bank"][4 * a:4 * a + 4]),
+            reads = back if hp.one_stream and i > hp.backout_layer else lane0
+            inp = dict(ids=ids, x=reads, W=list(P["attn_bank"][4 * a:4 * a + 4]),
                        lam=lams[a] if hp.attn_lambdas else torch.ones(2, dtype=dt), ag=P["attn_gate"][a],
                        ve=ve_tabs[t][ids.long()] if t >= 0 else torch.zeros(T, C, dtype=dt),
                        vg=P["ve_gate"][vg] if t >= 0 else torch.zeros(H, G, dtype=dt))
             vg += t >= 0
             out = _spec_sublayer(hp, inp, 128 * windows[1 if long else 0], scale, freq, paired,
                                  hp.key_offset and long and not paired,
-                                 xsa=P["xsa_alpha"][i] if hp.xsa and not paired else None)
+                                 xsa=P["xsa_alpha"][i] if hp.xsa and not paired else None,
+                                 v_add=mudd["v"] if mudd else None, ve_gate=mudd["ve_gate"] if mudd else None)
             inject = x0l[i] * x0 + (bl[i] * big if big is not None and i > 0 else 0)
-            if lane1 is None:
+            if mudd:
+                inject = mudd["x0"] * start + (mudd["bigram"] * big if big is not None else 0)
+                lane0 = mudd["resid_attn"] * lane0 + mudd["post_attn"] * out + inject
+            elif hp.one_stream:
+                lane0 = resid[i, 0] * lane0 + post[i, 0, 0] * out + inject
+            elif lane1 is None:
                 lane0 = resid[i, 0] * lane0 + out + inject
             else:
                 lane0, lane1 = (resid[i, 0] * lane0 + post[i, 0, 0] * out + inject,
                                 resid[i, 0] * lane1 + post[i, 0, 1] * out)
-        if i == hp.skip_from:
+        if i == hp.skip_from and not hp.one_stream:
             skip = lane0
         out = torch.relu(norm(lane0 if lane1 is None else lane1) @ P["mlp_bank"][2 * i].T) ** 2 @ P["mlp_bank"][2 * i + 1]
-        lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
-                        None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
+        if mudd:
+            lane0 = mudd["resid_mlp"] * lane0 + mudd["post_mlp"] * out
+        else:
+            lane0, lane1 = (resid[i, 1] * lane0 + post[i, 1, 0] * out,
+                            None if lane1 is None else resid[i, 1] * lane1 + post[i, 1, 1] * out)
+        if i == hp.skip_from and hp.one_stream:
+            skip = lane0
         if i == hp.backout_layer:
             back = lane0
+        if hp.mudd and i == L - 2:
+            before_last = lane0
+            lane0, mudd = spec_mudd_layer(P, lane0, start, back, H)
     x = lane0 if lane1 is None else (lane0 + lane1) / 2
-    if hp.backout:
+    if hp.mudd:
+        x = spec_mudd_final(P, x, [start, back, before_last, ve_tabs[0][ids.long()], skip])
+    elif hp.backout:
         x = x - backout_l * back
     return hp.softcap * torch.sigmoid((norm(x) @ P["lm_head"] + 5) / 7.5)
 
@@ -725,6 +822,12 @@ def perturbed(hp, seed):
         # --xsa's alphas, distinct per layer and head, in every row (the rows XSA skips must stay unread); from a
         # generator of their own, so the other tensors keep their values
         p["xsa_alpha"].copy_(torch.randn(p["xsa_alpha"].shape, generator=torch.Generator().manual_seed(seed + 2)))
+        # --mudd's W2 (zero at init) and bias, likewise. W2 of 0.3 x N(0, 1) makes the whole forward ill-conditioned
+        # (fp32's own error in the logits 1e-2); 0.05 keeps it at 3e-4, and test_mudd_blocks_match_the_spec checks
+        # the blocks alone at full size
+        g3 = torch.Generator().manual_seed(seed + 3)
+        p["mudd_w2"].copy_(torch.randn(p["mudd_w2"].shape, generator=g3) * 0.05)
+        p["mudd_bias"].add_(torch.randn(p["mudd_bias"].shape, generator=g3))
         p["x0_lambdas"].copy_(torch.rand(hp.num_layers, generator=g) * 0.5)
         for k in ("resid_lambdas", "post_lambdas"):
             p[k].add_(torch.randn(p[k].shape, generator=g) * 0.2)
@@ -739,29 +842,139 @@ def _ids(hp, T, seed):
     return ids
 
 
+def _cpu_logits(hp, params, ids, windows):
+    """fns.layers and the head in eager mode on the CPU (dense attention), without gradients."""
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    with torch.no_grad():
+        return tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
+                              params["lm_head"], hp.softcap)
+
+
+def _assert_matches_spec(logits, hp, params, ids, windows, name):
+    """Rule 1 against spec_forward in float64, with spec_forward in fp32 as the fp32 error's scale."""
+    P64 = {k: v.detach().double() for k, v in params.items()}
+    P32 = {k: v.detach().float() for k, v in params.items()}
+    assert_matches_torch(logits, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows), name=name)
+
+
 def test_full_forward_with_every_feature_matches_reference():
     """fp32 layers + head (dense attention) vs spec_forward in float64 (rule 1 with spec_forward in fp32),
     every feature on; and each feature changes the logits (the comparison would see it missing)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
     params = perturbed(hp, seed=5)
     ids, windows = _ids(hp, 384, seed=6), (1, 2)
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
-    with torch.no_grad():
-        ours = tg.head_logits(fns.layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), windows, {})),
-                              params["lm_head"], hp.softcap)
-        P64 = {k: v.detach().double() for k, v in params.items()}
-        P32 = {k: v.detach().float() for k, v in params.items()}
-        assert_matches_torch(ours, spec_forward(hp, P64, ids, windows), spec_forward(hp, P32, ids, windows),
-                             name="logits, all features")
-        for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
-            off = dataclasses.replace(hp, **{f: False})
-            off_fns = tg.build_fns(off, torch.device("cpu"), compile_model=False, attention="dense")
-            inputs = tg.model_inputs(off, params, off_fns, tg.MicroBatch(ids), windows, {})
-            other = tg.head_logits(off_fns.layers(*inputs), params["lm_head"], off.softcap)
-            # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
-            assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
-            assert_matches_torch(other, spec_forward(off, P64, ids, windows), spec_forward(off, P32, ids, windows),
-                                 name=f"logits without {f}")
+    ours = _cpu_logits(hp, params, ids, windows)
+    _assert_matches_spec(ours, hp, params, ids, windows, name="logits, all features")
+    for f in ("bigram", "paired_heads", "smear", "yarn", "key_offset", "backout", "attn_lambdas"):
+        off = dataclasses.replace(hp, **{f: False})
+        other = _cpu_logits(off, params, ids, windows)
+        # (tolerances above are ~1e-6: a change of 1e-4 would be seen)
+        assert (other - ours).abs().max() > 1e-4, f"--no-{f} does not change the logits"
+        _assert_matches_spec(other, off, params, ids, windows, name=f"logits without {f}")
+
+
+def test_one_stream_forward_matches_reference():
+    """--one-stream (record #77) vs spec_forward in float64 (rule 1), every feature on; and it changes the logits.
+    backout_layer 1 of the four layers: the first attention after it reads what the stream holds anyway, the
+    second (layer 3) reads layer 1's output where the stream has moved on; the skip leaves layer 1 and joins
+    before layer 2."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True, backout_layer=1)
+    assert (hp.skip_from, hp.skip_to) == (1, 2) and {2, 3} <= set(hp.attn_layers)
+    _check_opt_in_against_spec(hp, "one_stream")
+
+
+def _check_opt_in_against_spec(hp, flag):
+    """The forward of hp (its opt-in ``flag`` on), perturbed parameters, vs spec_forward in float64 (rule 1); and
+    the flag changes the logits (off: the forward without it)."""
+    params = perturbed(hp, seed=5)
+    ids, windows = _ids(hp, 384, seed=6), (1, 2)
+    ours = _cpu_logits(hp, params, ids, windows)
+    _assert_matches_spec(ours, hp, params, ids, windows, name=f"logits, {flag}")
+    off = _cpu_logits(dataclasses.replace(hp, **{flag: False}), params, ids, windows)
+    assert (ours - off).abs().max() > 1e-4, f"{flag} does not change the logits"
+
+
+def _mudd_hp(**overrides):
+    """The smoke model with --one-stream --mudd, four heads (two per value-gate channel) and its backout layer
+    moved before layer L-2 = 2 (check_mudd): to layer 0, so that back and the skip (after layer 1) differ."""
+    return tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True, mudd=True,
+                                    backout_layer=0, num_heads=4, head_dim=16, **overrides)
+
+
+def test_mudd_forward_matches_reference():
+    """--mudd (record #81 on one stream) vs spec_forward in float64 (rule 1), every feature on, W2 and the biases
+    moved off their init; and it changes the logits against --one-stream alone."""
+    _check_opt_in_against_spec(_mudd_hp(), "mudd")
+
+
+@pytest.mark.parametrize("heads", [2, 6])
+def test_mudd_blocks_match_the_spec(heads):
+    """tg.mudd_layer and tg.mudd_final in fp32 vs spec_mudd_layer / spec_mudd_final in float64 (rule 1 with the
+    spec in fp32): every output, at the full width (768) and odd T, W2 and the biases random; 6 heads: three per
+    value-gate channel."""
+    T, C = 37, 768
+    g = torch.Generator().manual_seed(heads)
+    P = {"mudd_w1": (torch.rand(2, 64, C, generator=g) * 2 - 1) * C ** -0.5,
+         "mudd_w2": torch.randn(2, 64, 2, 8, generator=g) * 0.3, "mudd_bias": torch.randn(2, 2, 8, generator=g) * 3}
+    x, start, back = (torch.randn(T, C, generator=g) * 2 for _ in range(3))
+    sources = [torch.randn(T, C, generator=g) for _ in range(5)]
+    w = lambda row: [P[k][row] for k in ("mudd_w1", "mudd_w2", "mudd_bias")]  # noqa: E731
+    new, gates = tg.mudd_layer(x, start, back, *w(0), heads)
+    final = tg.mudd_final(x, sources, *w(1))
+    specs = {}
+    for dt in (torch.float64, torch.float32):
+        Pd = {k: v.to(dt) for k, v in P.items()}
+        s_new, s_gates = spec_mudd_layer(Pd, x.to(dt), start.to(dt), back.to(dt), heads)
+        specs[dt] = dict(s_gates, new=s_new, final=spec_mudd_final(Pd, x.to(dt), [s.to(dt) for s in sources]))
+    ours = dict(gates._asdict(), v=gates.v_add, new=new, final=final)
+    for k in specs[torch.float64]:
+        assert_matches_torch(ours[k], specs[torch.float64][k], specs[torch.float32][k], name=f"mudd {k}")
+
+
+def test_mudd_starts_as_the_static_scalars_it_replaces():
+    """At init (W2 zero) every MUDD coefficient is its bias x 0.2/sqrt(3): layer L-1's residual weights sqrt(1.1),
+    output weights 1, x0 weight 0, bigram weight 0.05 (record #74's inits of the scalars they replace), value gate
+    2, no value correction, the stream after layer L-2 unchanged, and the final mix -0.5 x back (the backout's
+    0.5, to bf16-like precision: the record's bias -4.34) and 0 x the other four sources."""
+    hp = _mudd_hp()
+    p = tg.init_params(hp, torch.device("cpu"), 0)
+    T, C, H = 64, hp.model_dim, hp.num_heads
+    g = torch.Generator().manual_seed(1)
+    x, start, back = (torch.randn(T, C, generator=g) for _ in range(3))
+    w = [p[k].detach()[0] for k in ("mudd_w1", "mudd_w2", "mudd_bias")]
+    new, gates = tg.mudd_layer(x, start, back, *w, H)
+    assert torch.equal(new, x) and not gates.v_add.any() and gates.v_add.shape == (T, H, C // H)
+    assert torch.equal(gates.ve_gate, torch.full((T, H), 2.0))
+    for name, want in (("resid_attn", 1.1 ** 0.5), ("resid_mlp", 1.1 ** 0.5), ("post_attn", 1.0),
+                       ("post_mlp", 1.0), ("x0", 0.0), ("bigram", 0.05)):
+        got = getattr(gates, name)
+        assert got.shape == (T, 1) and torch.allclose(got, torch.full((T, 1), want), rtol=1e-6, atol=0), name
+    sources = [torch.randn(T, C, generator=g) for _ in range(5)]
+    w1 = [p[k].detach()[1] for k in ("mudd_w1", "mudd_w2", "mudd_bias")]
+    delta = tg.mudd_final(x, sources, *w1) - x
+    torch.testing.assert_close(delta, -4.34 * MUDD_SCALE * sources[1], rtol=1e-5, atol=1e-6)
+    assert abs(-4.34 * MUDD_SCALE + 0.5) < 2e-3
+
+
+def test_mudd_gradients_reach_its_rows_and_not_the_scalars_it_replaces(device):
+    """--mudd on the test device: W1, W2 and both bias rows get gradients (W1 only once W2 is nonzero); layer
+    L-1's static residual, output, x0 and bigram weights, its value-embedding gate and backout_lambda, all
+    replaced, get none."""
+    hp = _mudd_hp()
+    grad = _training_grads(hp, device)
+    L = hp.num_layers
+    for k in ("mudd_w1", "mudd_w2"):
+        assert grad[k][0].abs().max() > 0 and grad[k][1].abs().max() > 0, k
+    # the bias: layer L-2's row in every column but channel 1's last two (x0 and bigram weights come from channel
+    # 0 alone); the final row only in the five columns of channel 1 it reads
+    b = grad["mudd_bias"]
+    assert (b[0, 0] != 0).all() and (b[0, 1, :6] != 0).all() and not b[0, 1, 6:].any()
+    assert (b[1, 1, :5] != 0).all() and not b[1, 0].any() and not b[1, 1, 5:].any()
+    for k in ("resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas"):
+        assert not grad[k][L - 1].any() and grad[k][:L - 1].abs().max() > 0, k
+    n_attn = len(hp.attn_layers)
+    assert grad["scalars"][2 * n_attn + 1] == 0  # backout_lambda
+    assert not grad["ve_gate"][-1].any() and grad["ve_gate"][0].abs().max() > 0  # layers 0 and 3 have one
 
 
 def test_full_forward_gradients_reach_every_feature_parameter(device):
@@ -788,6 +1001,28 @@ def test_full_forward_gradients_reach_every_feature_parameter(device):
     rows = set(big.tolist())
     touched = set(torch.nonzero(params["bigram_embed"].grad.abs().sum(1)).flatten().tolist())
     assert touched == rows
+
+
+def _training_grads(hp, device):
+    """The gradients of one training micro-batch's loss (256 tokens, multi-token weights) on the test device,
+    eager, dense attention, from perturbed(hp, seed=7): {name: grad}."""
+    params = {k: v.detach().to(device).requires_grad_() for k, v in perturbed(hp, seed=7).items()}
+    ids = _ids(hp, 256, seed=8)
+    targets = torch.randint(0, 511, (256,), generator=torch.Generator().manual_seed(9))
+    fns = tg.build_fns(hp, torch.device(device), compile_model=False, attention="dense")
+    mb = tg.MicroBatch(ids.to(device), targets.to(device))
+    mtp = torch.tensor([1.0, 0.5, 0.25], device=device)
+    tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp).backward()
+    return {k: v.grad for k, v in params.items()}
+
+
+def test_one_stream_gradients_reach_lane_zero_weights_only(device):
+    """--one-stream: every attention's and MLP's output weight into lane 0 gets a gradient; the lane-1 weights,
+    unread, get zero."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, one_stream=True)
+    post = _training_grads(hp, device)["post_lambdas"]
+    assert (post[hp.attn_layers, 0, 0] != 0).all() and (post[:, 1, 0] != 0).all()
+    assert not post[:, :, 1].any()
 
 
 def _float_casts_traced(hp, T=256):

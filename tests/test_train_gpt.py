@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from flags import field_comments
 from kernels._checks import interpreting
 from kernels.attention import dense_attend, doc_attention, doc_attention_bwd, doc_attention_fwd
 from kernels.cross_entropy import Fp8Weights
+from kernels.polar_express import polar_express_ref
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -50,14 +52,15 @@ _spec.loader.exec_module(compare)
 # Smoke data: documents that follow a learnable rule (next = prev + 7..9 mod 511), BOS = 511, vocab 512
 
 
-def _make_shard(path, n_tokens, seed, vocab=512):
-    """Documents of the rule next = prev + 7..9 (mod vocab - 1), each after a BOS (vocab - 1)."""
+def _make_shard(path, n_tokens, seed, vocab=512, bos=None):
+    """Documents of the rule next = prev + 7..9 (mod vocab - 1), each after a BOS (vocab - 1, or bos)."""
+    bos = vocab - 1 if bos is None else bos
     rng = np.random.default_rng(seed)
     docs, total = [], 0
     while total < n_tokens:
         n = int(rng.integers(20, 300))
         doc = np.cumsum(np.concatenate([[rng.integers(0, vocab - 1)], 7 + rng.integers(0, 3, size=n - 1)]))
-        docs.append(np.concatenate([[vocab - 1], doc % (vocab - 1)]))
+        docs.append(np.concatenate([[bos], doc % (vocab - 1)]))
         total += n + 1
     write_shard(path, np.concatenate(docs)[:n_tokens].astype(np.uint16))
 
@@ -177,7 +180,8 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
         mib = (ckpt_dir / f"step_{s:06d}" / "rank0.pt").stat().st_size / 2**20
         assert re.search(rf"^checkpoint_saved: {re.escape(str(ckpt_dir / f'step_{s:06d}'))} {mib:.0f} MiB in "
                          r"\d+\.\d s$", sections[2], re.M), s
-    startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2], re.M)
+    startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2],
+                        re.M)
     phases = dict(p.rsplit(" ", 1) for p in startup[2].split(", "))
     assert list(phases)[-7:] == ["process group", "shards and log", "compile cache", "parameters", "optimizer",
                                  "model functions", "loaders"]
@@ -296,11 +300,12 @@ def gpu_runs(shared_build):
     step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
     kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --cpp-wrapper, the
     compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
-    real resume are. Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
+    real resume are. Run "opt_in", beside those, is a's command with every opt-in model flag (OPT_IN_MODEL_FLAGS).
+    Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
-    for run in ("a", "b", "resumed", "other_paths"):
+    for run in ("a", "b", "resumed", "other_paths", "opt_in"):
         text, steps, vals = _parse(d / "logs" / f"{run}.txt")
         assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
         out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
@@ -308,15 +313,11 @@ def gpu_runs(shared_build):
 
 
 def _gpu_runs(d):
-    rng = np.random.default_rng(0)
-
-    def shard(path, n_tokens):
-        ids = rng.integers(0, 50256, size=n_tokens, dtype=np.uint16)
-        ids[::300] = 50256  # documents of 300 tokens
-        write_shard(path, ids)
-
-    shard(d / "det_train_000001.bin", 400_000)
-    shard(d / "det_val_000000.bin", 40_000)
+    # the smoke data's learnable documents (ids below 511) after GPT-2's end-of-text id: the vocabulary is GPT-2's
+    # (50304 rows, from the shards), and a run that learns shows it (uniform random ids would leave the loss at
+    # ln 50256 = 10.8 whatever the model does)
+    _make_shard(d / "det_train_000001.bin", 400_000, 1, bos=50256)
+    _make_shard(d / "det_val_000000.bin", 40_000, 3, bos=50256)
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
 
@@ -331,9 +332,11 @@ def _gpu_runs(d):
     b = start("b")
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
     other = start("other_paths", "--no-embed-grad-to-acc", "--cpp-wrapper")
+    opt_in = start("opt_in", *OPT_IN_MODEL_FLAGS)
     _finish(b, None, timeout=900)
     _finish(resumed, None, timeout=900)
     _finish(other, None, timeout=900)
+    _finish(opt_in, None, timeout=900)
 
 
 @on_gpu_runs
@@ -370,6 +373,32 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
     assert so == sa and vo == va, "loss lines differ with --no-embed-grad-to-acc --cpp-wrapper"
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
+
+
+# Every opt-in change to the model and its optimizer at once; --backout-layer 1: --mudd mixes that layer's output
+# into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each
+OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--bigram-signs",
+                      "--muon-qk-pairs", "--num-heads", "4", "--head-dim", "16")
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="the opt-in forwards compiled for the GPU (fused MLP kernels, FlashAttention)")
+def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
+    """Run "opt_in" (gpu_runs: every opt-in model flag, compiled, 40 steps through both batch-size stages): the
+    flags reached the run, the training step compiled once per micro-batch shape with no recompile in the timed run
+    (the fixture checks that line), the act-only MLP path ran, and it learned as run "a" did: every loss finite, the
+    val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at step 40."""
+    text, steps, vals = gpu_runs["opt_in"][:3]
+    hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
+    assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"] and hp["bigram_signs"]
+    assert hp["muon_qk_pairs"] and hp["num_heads"] == 4
+    assert hp["backout_layer"] == 1
+    mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
+    assert "relu(pre) = sqrt(act) in the backward" in mlp_line, mlp_line
+    assert sorted(steps) == list(range(1, GPU_STEPS + 1)) and all(math.isfinite(float(v)) for v in steps.values())
+    first, last = float(vals[0]), float(vals[GPU_STEPS])
+    assert first - last > 1.5, (first, last)
+    assert abs(last - float(gpu_runs["a"][2][GPU_STEPS])) < 0.5, (last, gpu_runs["a"][2][GPU_STEPS])
 
 
 @on_gpu_runs
@@ -692,8 +721,9 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data
     # with the accumulate mode (CUDA, --embed-grad-to-acc): the tables' (their accumulators are complete only after
     # the backward) and, while tied, the head's (step() first folds the embedding's accumulator into it)
     late = {"value_embeds", "bigram_embed", "lm_head"} if tr.fns.embed_accs else set()
-    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
-    assert started == set(tg.PARAMS) - {"embed", "xsa_alpha"} - late, started
+    # (--xsa's alpha and --mudd's rows get no gradient with their flag off, so no hook starts their reduce-scatter:
+    # step() does)
+    assert started == set(tg.PARAMS) - {"embed"} - OPT_IN_PARAMS - late, started
     # multi-token loss: each row adds w_k * ln(vocab) for every k with t + k inside the micro-batch
     w, T = tg.mtp_weights_at(hp, 0), mbs[0].ids.numel()
     row_weight = sum(w[k] * (T - k) for k in range(len(w))) / T
@@ -715,6 +745,9 @@ def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data
     assert any(g is not None and g.abs().max() > 0 for g in grads.values())
 
 
+OPT_IN_PARAMS = {"xsa_alpha", "mudd_w1", "mudd_w2", "mudd_bias"}  # read only with --xsa / --mudd
+
+
 def _perturbed_params(hp, seed, device="cpu"):
     """init_params with the zero-initialised tensors filled, so every path of the forward matters."""
     p = tg.init_params(hp, torch.device("cpu"), seed)
@@ -727,8 +760,12 @@ def _perturbed_params(hp, seed, device="cpu"):
         p["resid_lambdas"].add_(torch.randn(p["resid_lambdas"].shape, generator=g) * 0.1)
         p["post_lambdas"].add_(torch.randn(p["post_lambdas"].shape, generator=g) * 0.1)
         p["scalars"] += 0.2  # attention lambdas, smear (0 at init: no smear gradient), backout, skip
-        # --xsa's alphas; a generator of their own, so the other tensors keep their values
+        # --xsa's alphas and --mudd's W2 (zero at init) and bias; generators of their own, so the other tensors
+        # keep their values
         p["xsa_alpha"].copy_(torch.randn(p["xsa_alpha"].shape, generator=torch.Generator().manual_seed(seed + 2)))
+        g3 = torch.Generator().manual_seed(seed + 3)
+        p["mudd_w2"].copy_(torch.randn(p["mudd_w2"].shape, generator=g3) * 0.3)
+        p["mudd_bias"].add_(torch.randn(p["mudd_bias"].shape, generator=g3))
     return {k: v.detach().to(device).requires_grad_() for k, v in p.items()}
 
 
@@ -742,14 +779,18 @@ def _batch(hp, T, seed, n_docs):
     return ids, targets
 
 
-def test_gradient_accumulation_two_halves_equal_one_batch(device):
+@pytest.mark.parametrize("forward", ["lanes", "mudd"])
+def test_gradient_accumulation_two_halves_equal_one_batch(device, forward):
     """fp32 model: two accumulated half-batch micro-steps (loss/2 each) vs one micro-step over the whole batch.
     The halves start with BOS, so the document mask separates them in the joint batch too; only the rotary
     positions differ (angles up to 256 rad in fp32: ~2^-24*256 = 1.5e-5 absolute), hence 2e-4 x max|grad|
     for the fp32 gradient buffers (a dropped or double-counted micro-step is a ~50% error). Every model feature
-    is on, --xsa too (so every parameter has a gradient): smear, key offset and the bigram hash do not read across
-    a BOS, so the cut cannot matter."""
+    is on, --xsa too: smear, key offset and the bigram hash do not read across a BOS, so the cut cannot matter.
+    Two forwards: record #74's lanes, and one stream with --mudd (its backout layer moved before layer L-2), so
+    that every parameter has a gradient in one of them (the rows of --mudd only in the second)."""
     hp = tg.smoke_hyperparameters(param_dtype="float32", xsa=True)
+    if forward == "mudd":
+        hp = dataclasses.replace(hp, one_stream=True, mudd=True, backout_layer=1)
     T = 128
     ids, targets = _batch(hp, 2 * T, seed=5, n_docs=4)
     ids[T] = hp.bos_id
@@ -772,6 +813,8 @@ def test_gradient_accumulation_two_halves_equal_one_batch(device):
         runs.append((params, accs))
     (p2, acc2), (p1, acc1) = runs
     for k in acc1:
+        if k.startswith("mudd") and not hp.mudd:
+            continue
         scale = acc1[k].abs().max().item()
         assert scale > 0, f"{k}: zero gradient, the test would not see a bug"
         assert_close_report(acc2[k], acc1[k], atol=2e-4 * scale, name=f"grad {k}")
@@ -800,8 +843,10 @@ RECORD_ADAM = {
     "value_embeds": (75.0, (0.75, 0.95), 5.0), "embed": (1.0, (0.5, 0.95), 150.0),
 }
 # Our Adam rows beyond record #74's, the same way: --xsa's alpha, like the record's other per-layer scalar rows
-# (post_lambdas, x0_lambdas, bigram_lambdas) and without decay.
-OURS_ADAM = {"xsa_alpha": (1.0, (0.9, 0.95), 0.0)}
+# (post_lambdas, x0_lambdas, bigram_lambdas) and without decay; --mudd's, as record #81's param_table has its
+# dense_w1 / dense_w2 (lr_mul 0.25, betas (0.9, 0.99), its default wd_mul 1) and dense_bs (no decay).
+OURS_ADAM = {"xsa_alpha": (1.0, (0.9, 0.95), 0.0), "mudd_w1": (0.25, (0.9, 0.99), 1.0),
+             "mudd_w2": (0.25, (0.9, 0.99), 1.0), "mudd_bias": (0.25, (0.9, 0.99), 0.0)}
 ADAM_TABLE = RECORD_ADAM | OURS_ADAM
 
 
@@ -1020,7 +1065,8 @@ def test_slow_adam_schedule():
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
+            "mudd_w2", "mudd_w1"}
     smoke = tg.smoke_hyperparameters()
     groups = tg.Optimizer(smoke, tg.init_params(smoke, torch.device("cpu"), 0), Dist()).groups
     assert {n for n, g in groups.items() if g.slow} == adam
@@ -1036,7 +1082,8 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
     hp = tg.Hyperparameters()
     muon = {"attn_bank", "mlp_bank"}
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
-            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha"}
+            "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
+            "mudd_w2", "mudd_w1"}
     tables = {"embed", "value_embeds", "bigram_embed"}
     for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
                              (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
@@ -1052,6 +1099,58 @@ def test_step_plan_follows_the_schedule_and_the_parameter_table():
 def _feed(params, grads, names):
     """Gradients given by hand, through autograd: the optimizer's hooks fold them into its accumulators."""
     torch.autograd.backward([params[k] for k in names], [grads[k].clone() for k in names])
+
+
+def spec_normuon_step(w, g, mom, v2, mu, lr, beta2, wd):
+    """One NorMuon step of one matrix in float64, written out (record #74's Muon: Nesterov momentum, Polar Express,
+    the per-row or, for a wide matrix, per-column second moment, the renorm to the orthogonal factor's Frobenius
+    norm, cautious decay); mom and v2 in place, returns the new w."""
+    mom.mul_(mu).add_((1 - mu) * g)
+    u = (1 - mu) * g + mu * mom
+    o = polar_express_ref((u / (u.norm() * 1.02))[None], normalized=True)[0]  # the reference iteration, float64
+    red = -1 if o.shape[0] >= o.shape[1] else -2
+    v2.mul_(beta2).add_((1 - beta2) * o.square().mean(dim=red, keepdim=True))
+    upd = o / v2.clamp_min(1e-10).sqrt()
+    upd = upd * o.norm() / upd.norm()
+    return w - lr * (upd + ((upd * w) >= 0) * w * wd)
+
+
+def test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k():
+    """--muon-qk-pairs (public record #80): two Muon steps of attn_bank ([W_q, W_k, W_v, W_o] per attention layer)
+    against spec_normuon_step in float64, applied to each (2 head_dim, C) block of rows of every W_q and W_k (heads
+    2j and 2j + 1: block j) and to each W_v and W_o whole, with its own momentum and second moment. Bound: lr x
+    2^-5 per element (the trainer's momentum output and Polar Express run in bf16); a whole-matrix step of W_q
+    misses it by far, and W_v / W_o get exactly the default optimizer's bits."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", num_heads=4, head_dim=16, muon_qk_pairs=True)
+    H, D, C = hp.num_heads, hp.head_dim, hp.model_dim
+    gen = torch.Generator().manual_seed(4)
+    grads = [torch.randn(len(hp.attn_layers) * 4, C, C, generator=gen) * 1e-2 for _ in range(2)]
+    runs = {}
+    for pairs in (True, False):
+        h = dataclasses.replace(hp, muon_qk_pairs=pairs)
+        params = tg.init_params(h, torch.device("cpu"), 0)
+        w0 = params["attn_bank"].detach().double().clone()
+        opt = tg.Optimizer(h, params, Dist())
+        for step, grad in enumerate(grads):
+            _feed(params, {"attn_bank": grad}, ["attn_bank"])
+            opt.step(tg.step_plan(h, step), 1.0, 0.9)
+        runs[pairs] = params["attn_bank"].detach().double()
+    lr, mu = hp.muon_lr, 0.9
+    expected = w0.clone()
+    for m in range(w0.shape[0]):
+        blocks = [slice(2 * D * j, 2 * D * (j + 1)) for j in range(H // 2)] if m % 4 < 2 else [slice(0, C)]
+        for rows in blocks:
+            w, mom = w0[m, rows].clone(), torch.zeros_like(w0[m, rows])
+            M, N = w.shape
+            v2 = torch.zeros((M, 1) if M >= N else (1, N), dtype=torch.float64)
+            for grad in grads:
+                w = spec_normuon_step(w, grad[m, rows].double(), mom, v2, mu, lr, hp.muon_beta2, hp.muon_wd * lr)
+            expected[m, rows] = w
+    err = (runs[True] - expected).abs().max().item()
+    assert err <= lr * 2 ** -5, err
+    qk = torch.tensor([m % 4 < 2 for m in range(w0.shape[0])])
+    assert (runs[False][qk] - expected[qk]).abs().max().item() > 8 * lr * 2 ** -5, "a whole-matrix step passes"
+    assert torch.equal(runs[True][~qk], runs[False][~qk]), "W_v / W_o changed"
 
 
 @pytest.mark.parametrize("untie", [False, True], ids=["tied", "untie_between"])
@@ -1255,17 +1354,22 @@ def test_embed_grad_to_acc_is_bitwise_the_dense_fold(tied, small_vocab_data, dev
     assert all(not torch.equal(off.params[k], off.initial[k]) for k in tables | {"lm_head"})
     # Who started the due reduce-scatters at the slow step: the hooks for every table in the default mode
     # (while tied the embedding's is the head's); step() for the tables with the flag (and the head while tied).
-    # (--xsa's alpha gets no gradient without --xsa, so no hook starts its reduce-scatter: step() does)
-    region = set(tg.PARAMS) - tables - {"lm_head", "xsa_alpha"}
+    # (--xsa's alpha and --mudd's rows get no gradient with their flag off, so no hook starts their reduce-scatter:
+    # step() does)
+    region = set(tg.PARAMS) - tables - {"lm_head"} - OPT_IN_PARAMS
     assert started_off[1] == region | {"lm_head"} | tables - ({"embed"} if tied else set())
     assert started_on[1] == region | (set() if tied else {"lm_head"})
 
 
-def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
+@pytest.mark.parametrize("qk_pairs", [False, True], ids=["default", "muon_qk_pairs"])
+def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device, qk_pairs):
     """A checkpoint after a skipped step carries the slow groups' pending gradients (per rank): a fresh
     optimizer loaded from it (through save_checkpoint / load_checkpoint) ends the next step bitwise equal to
-    the uninterrupted one; without the pending gradients the slow groups would differ."""
+    the uninterrupted one; without the pending gradients the slow groups would differ. With --muon-qk-pairs (four
+    heads) the W_q / W_k blocks' momentum and second moment come back too."""
     hp = tg.smoke_hyperparameters(adam_every=2)
+    if qk_pairs:
+        hp = dataclasses.replace(hp, muon_qk_pairs=True, num_heads=4, head_dim=16)
     dev = Dist(device=torch.device(device))
     gen = torch.Generator().manual_seed(5)
     pa = _perturbed_params(hp, seed=3, device=device)
@@ -1279,6 +1383,9 @@ def test_checkpoint_between_slow_adam_steps_resumes_bitwise(tmp_path, device):
     b = tg.Optimizer(hp, pb, dev)
     checkpoints.load_checkpoint(path, pb, b, dev)
     assert b.pending and torch.equal(b.groups["embed"].acc, a.groups["embed"].acc)
+    if qk_pairs:
+        assert torch.equal(b.groups["attn_bank"].mom_blocks, a.groups["attn_bank"].mom_blocks)
+        assert b.groups["attn_bank"].mom_blocks.any() and b.groups["attn_bank"].v2_blocks.any()
     for opt, params in ((a, pa), (b, pb)):
         _feed(params, grads[1], params)
         opt.step(tg.step_plan(hp, 1), 1.2, 0.9)
@@ -1308,6 +1415,52 @@ def test_profile_steps_smoke_writes_table_and_leaves_the_run_unchanged(smoke_dat
     assert sorted(steps) == [1, 2] and sorted(vals) == [2]
     if not HAS_CUDA:
         assert steps == steps_ref and vals == vals_ref, "profiling changed the run"
+    else:  # one launch probe per micro-batch length, in stage order, before the profiled steps
+        probes = re.findall(r"^launch_probe: stage(\d) T=(\d+): host (\S+) ms to queue one micro-batch's forward "
+                            r"and backward, device (\S+) ms to run them$", events, re.M)
+        hp = tg.smoke_hyperparameters()  # stages 0 and 1: micro-batches of 128 and 256 tokens
+        assert [(int(i), int(T)) for i, T, _, _ in probes] == [(0, hp.stages[0].batch_tokens // tg.SLOTS),
+                                                                (1, hp.stages[1].batch_tokens // tg.SLOTS)]
+        assert all(float(h) > 0 and float(dev) > 0 for _, _, h, dev in probes)
+        assert events.index("launch_probe: stage1") < events.index("profile_stage0:")
+
+
+def test_launch_probes_take_the_first_step_of_each_micro_batch_length_then_reset():
+    """Spec: stages in order; a stage whose micro-batch length an earlier stage had, or with no steps, is not
+    probed again; each probe is one line with the stage, the length and both times; then one full reset."""
+    stages = (tg.Stage(0.25, 1024, (1, 1), 1.0, 96), tg.Stage(0.5, 1024, (1, 2), 1.0, 96),
+              tg.Stage(1.0, 2048, (1, 2), 1.0, 192), tg.Stage(None, 2048, (2, 2), 1.0, 192))
+    hp = tg.smoke_hyperparameters(stages=stages, scheduled_steps=8, extension_steps=2)
+    calls = []
+    trainer = types.SimpleNamespace(hp=hp, launch_probe=lambda step: calls.append(step) or (1.25, 3.5),
+                                     reset=lambda: calls.append("reset"))
+    lines = []
+    tg.launch_probes(trainer, lines.append)
+    assert calls == [0, 4, "reset"]
+    assert lines == ["launch_probe: stage0 T=128: host 1.2 ms to queue one micro-batch's forward and backward, "
+                     "device 3.5 ms to run them",
+                     "launch_probe: stage2 T=256: host 1.2 ms to queue one micro-batch's forward and backward, "
+                     "device 3.5 ms to run them"]
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the launch probe holds and times a CUDA device")
+def test_launch_probe_times_the_host_and_the_device_apart(smoke_data):
+    """Spec of Trainer.launch_probe: one micro-batch's forward and backward, host time = the wall time to queue
+    them, device time = from the device's first to its last kernel of them. Without a hold the device waits on the
+    host, so its time is at least the host's (it cannot end before the last kernel is queued); with the device
+    held busy meanwhile, the hold is not counted (the smoke model runs in far less than the 300 ms hold). The
+    gradient lands in the accumulators, and the probe leaves the parameters as they were."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"))
+    tr = tg.Trainer(hp, Dist(device=torch.device("cuda")), shard_files(hp.train_files), shard_files(hp.val_files))
+    before = {k: v.detach().clone() for k, v in tr.params.items()}
+    host, device = tr.launch_probe(0, hold_ms=0.0)
+    assert host > 0 and device >= host - 0.5, (host, device)
+    host, device = tr.launch_probe(0, hold_ms=300.0)
+    assert host > 0 and 0 < device < 150.0, (host, device)
+    assert all(torch.equal(before[k], v) for k, v in tr.params.items())
+    assert any(g.acc.abs().sum() > 0 for g in tr.opt.groups.values())
+    tr.loader.close()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1668,8 +1821,9 @@ def test_pair_heads_interleaves_and_stays_a_view_under_dynamic_tokens():
     assert code.count('extern "C"') == 1, "more than the norm's kernel: the paired heads were copied"
 
 
-@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic_tokens", "static"])
-def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic):
+@pytest.mark.parametrize("dynamic,opt_in", [(True, False), (False, False), (True, True)],
+                         ids=["dynamic_tokens", "static", "dynamic_tokens_opt_in"])
+def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, monkeypatch, dynamic, opt_in):
     """--dynamic-tokens: train_step, compiled as build_fns compiles it (fullgraph, dynamic=False), is one graph for
     every micro-batch length of the schedule (the two-layer smoke model's: 128 and 256 tokens, at stage starts whose
     documents are cut to 96 and 192 tokens); without the flag, one graph per length (what the flag changes). At each
@@ -1683,13 +1837,17 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     (speedrun::doc_attention, whose fakes and autograd take the symbolic length and documents' length bound), with
     dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
     reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
-    Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid)."""
-    hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **TWO_LAYERS,
+    Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid). opt_in: the four-layer smoke
+    model with every opt-in change to the forward (--one-stream --mudd --xsa --bigram-signs, backout layer 1), whose
+    ops must keep T symbolic too."""
+    layout = (dict(one_stream=True, mudd=True, xsa=True, bigram_signs=True, backout_layer=1) if opt_in else
+              TWO_LAYERS)
+    hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **layout,
                                   train_files=str(smoke_data / "smoke_train_*.bin"))
     batches = _first_micro_batches(hp, shard_files(hp.train_files))
     assert [(T, mb.max_len) for T, (_, mb) in batches.items()] == [(128, 96), (256, 192)]
     params = _perturbed_params(hp, seed=11)
-    used = [k for k in params if hp.xsa or k != "xsa_alpha"]  # without --xsa no gradient reaches alpha
+    used = [k for k in params if opt_in or k not in OPT_IN_PARAMS]  # without --xsa / --mudd none reaches those
     bounds = []
 
     def docs_of(cu, n):  # document index per position, from the boundaries
@@ -2262,6 +2420,22 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
 # --mlp-act-only: the fused MLP saves act alone and takes relu(pre) as sqrt(act) (record #87's idea)
 
 
+def _check_added_setting_resumes_off(name):
+    """An opt-in setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses
+    a checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
+    is refused with it on; it is not among the settings a resumed run may change."""
+    hp = dataclasses.asdict(tg.smoke_hyperparameters())
+    on = dict(hp, **{name: True})
+    refused = f"--{name.replace('_', '-')} is False in the checkpoint, True in this run"
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", hp, on, list(on))
+    before = {k: v for k, v in hp.items() if k != name}
+    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
+    with pytest.raises(checkpoints.CheckpointError, match=refused):
+        checkpoints.check_same_settings("ckpt", before, on, list(on))
+    assert name not in checkpoints.RESUME_MAY_DIFFER
+
+
 def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
     """Off by default (opt-in); --mlp-act-only turns it on. It is a mode of the fused MLP kernel: with
     --no-fused-mlp it is refused in one line (exit code 2); where the fused kernel does not run (the CPU, fp32
@@ -2280,7 +2454,7 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
                    "off; leave out one of them"], err
     chosen = []
     make_layers = tg.make_layers
-    monkeypatch.setattr(tg, "make_layers", lambda hp, attend, mlp: chosen.append(mlp) or make_layers(hp, attend, mlp))
+    monkeypatch.setattr(tg, "make_layers", lambda hp, attend, mlp, **kw: chosen.append(mlp) or make_layers(hp, attend, mlp, **kw))
     for dtype in ("bfloat16", "float32"):
         default, act_only = (tg.build_fns(tg.smoke_hyperparameters(param_dtype=dtype, mlp_act_only=a),
                                           torch.device(device), compile_model=False) for a in (False, True))
@@ -2291,20 +2465,53 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
         else:
             assert act_only.mlp_path == default.mlp_path + "; --mlp-act-only unused (a mode of the fused kernel)"
             assert chosen[-2:] == [tg.mlp_sublayer, tg.mlp_sublayer]
-    hp = dataclasses.asdict(tg.smoke_hyperparameters())
-    on = dict(hp, mlp_act_only=True)
-    refused = "--mlp-act-only is False in the checkpoint, True in this run"
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", hp, on, list(on))
-    before = {k: v for k, v in hp.items() if k != "mlp_act_only"}
-    checkpoints.check_same_settings("ckpt", before, hp, list(hp))
-    with pytest.raises(checkpoints.CheckpointError, match=refused):
-        checkpoints.check_same_settings("ckpt", before, on, list(on))
-    assert "mlp_act_only" not in checkpoints.RESUME_MAY_DIFFER
+    _check_added_setting_resumes_off("mlp_act_only")
     with pytest.raises(SystemExit):
         _flags(["--help"])
     resume_help = " ".join(capsys.readouterr().out.split()).split("--resume RESUME", 1)[1].split("--deterministic")[0]
     assert "--cpp-wrapper" in resume_help and "--mlp-act-only" not in resume_help, resume_help
+
+
+def test_one_stream_flag_and_resume():
+    """--one-stream (record #77's forward: tests/test_model.py) is off by default; it changes the model, so --resume
+    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
+    --no-one-stream (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().one_stream is False
+    assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
+    _check_added_setting_resumes_off("one_stream")
+
+
+def test_mudd_flag_and_resume():
+    """--mudd (record #81 on one stream: tests/test_model.py) is off by default; it changes the model, so --resume
+    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
+    --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters are among ADDED_PARAMS, shaped as init_params
+    makes them."""
+    assert tg.Hyperparameters().mudd is False
+    assert _flags(["--smoke", "--one-stream", "--mudd"])[1].mudd is True
+    _check_added_setting_resumes_off("mudd")
+    hp = tg.smoke_hyperparameters()
+    p = tg.init_params(hp, torch.device("cpu"), 0)
+    for k in ("mudd_w1", "mudd_w2", "mudd_bias"):
+        assert checkpoints.ADDED_PARAMS[k](hp).shape == p[k].shape, k
+
+
+def test_muon_qk_pairs_flag_and_resume():
+    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is off by
+    default; it changes the optimizer's math and state (attn_bank's W_q / W_k momentum and second moment in blocks),
+    so --resume refuses it against a checkpoint without it, and a checkpoint from before the flag resumes as
+    --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().muon_qk_pairs is False
+    assert _flags(["--smoke", "--muon-qk-pairs"])[1].muon_qk_pairs is True
+    _check_added_setting_resumes_off("muon_qk_pairs")
+
+
+def test_bigram_signs_flag_and_resume():
+    """--bigram-signs (record #83's sign trick: tests/test_model.py) is off by default; it changes the model, so
+    --resume refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes
+    as --no-bigram-signs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().bigram_signs is False
+    assert _flags(["--smoke", "--bigram-signs"])[1].bigram_signs is True
+    _check_added_setting_resumes_off("bigram_signs")
 
 
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):

@@ -61,10 +61,20 @@ def ws_data(tmp_path_factory):
 def ranks(shared_build):
     """{world size: [the record of each rank]} (tests/world_size_worker.py: one process that forks the ranks of
     each world size in turn), built once per session for all xdist workers."""
+    return _ranks(shared_build, "world_sizes", SMALL)
+
+
+@pytest.fixture(scope="module")
+def ranks_qk_pairs(shared_build):
+    """The same with --muon-qk-pairs and four heads of 16 (two pairs per W_q and W_k)."""
+    return _ranks(shared_build, "world_sizes_qk_pairs", dict(SMALL, muon_qk_pairs=True, num_heads=4, head_dim=16))
+
+
+def _ranks(shared_build, name, overrides):
     def build(folder):
         data = _write_data(folder)
         # its own session: on a timeout the ranks it forked go with it
-        argv = [str(folder), *data, json.dumps(SMALL), *map(str, WORLD_SIZES)]
+        argv = [str(folder), *data, json.dumps(overrides), *map(str, WORLD_SIZES)]
         proc = subprocess.Popen([sys.executable, str(WORKER), *argv], cwd=REPO, env=CPU_ENV, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -74,7 +84,7 @@ def ranks(shared_build):
             out, _ = proc.communicate()
         assert proc.returncode == 0, out[-6000:]
 
-    root = shared_build("world_sizes", build)
+    root = shared_build(name, build)
     return {world: [torch.load(root / f"ws{world}" / f"rank{r}.pt", weights_only=False) for r in range(world)]
             for world in WORLD_SIZES}
 
@@ -199,6 +209,19 @@ def test_losses_and_parameters_are_world_size_1s(ranks):
                 assert torch.equal(q, p), (f"world size {world}, rank {r}: {name} after the steps differs from "
                                            f"world size 1's (max |diff| {diff:.3e})")
     assert any(not torch.equal(base["params"][k], v) for k, v in base["initial"].items()), "nothing moved"
+
+
+@pytest.mark.xdist_group("world_size_ranks_qk_pairs")
+def test_muon_qk_pairs_parameters_are_world_size_1s(ranks_qk_pairs):
+    """--muon-qk-pairs: every rank's parameters after the three steps are world size 1's, bit for bit, at world
+    sizes 2, 4 and 8, where a rank's shard starts at any matrix of attn_bank's [W_q, W_k, W_v, W_o] cycle (or holds
+    padding only): which rows are split into pairs of heads follows the global index."""
+    base = ranks_qk_pairs[1][0]
+    assert not torch.equal(base["params"]["attn_bank"], base["initial"]["attn_bank"]), "attn_bank did not move"
+    for world, recs in ranks_qk_pairs.items():
+        for r, rec in enumerate(recs):
+            for name, p in base["params"].items():
+                assert torch.equal(rec["params"][name], p), f"world size {world}, rank {r}: {name} differs"
 
 
 # ----------------------------------------------------------------------------------------------------
