@@ -211,9 +211,6 @@ def check_settings(hp, args, check_world_size, untie_step, block):
     if hp.muon_qk_pairs and hp.num_heads % 2:
         raise SettingsError(f"--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got "
                             f"{hp.num_heads}")
-    if hp.bigram_signs and not hp.bigram:
-        raise SettingsError("--bigram-signs: signs of the bigram embeddings, which --no-bigram turns off; leave out "
-                            "one of them")
     if hp.mlp_act_only and not hp.fused_mlp:
         raise SettingsError("--mlp-act-only: a mode of the fused MLP kernel, which --no-fused-mlp turns off; leave out "
                             "one of them")

@@ -22,8 +22,7 @@ prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (
 embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
 beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
 --one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
-the last two layers (make_layers, mudd_layer); --bigram-signs, record #83's sign trick (bigram_signs); and, in the
-optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
+the last two layers (make_layers, mudd_layer); and, in the optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -114,7 +113,6 @@ class Hyperparameters:
     # model features (record #74 parity; each bool is on by default, --no-<name> turns it off)
     bigram: bool = True  # add a hashed (previous token, token) embedding to the residual stream
     bigram_vocab_size: int = 5 * 50304  # rows of the bigram table (the last is reserved: position 0 and each BOS)
-    bigram_signs: bool = False  # opt-in (record #83): bigram rows times fixed +-1 vectors picked by id[t-1] xor id[t]
     paired_heads: bool = True  # paired-head attention in paired_head_layers
     paired_head_layers: tuple = (0, 2, 5, 9)  # layers where head h and head h + H/2 attend as one interleaved head
     mtp: bool = True  # multi-token prediction loss with the stage table's weights (off: next token only)
@@ -534,25 +532,6 @@ def bigram_hash(ids, rows, bos_id):
     return torch.where(x == bos_id, rows - 1, out).to(torch.int32)
 
 
-BIGRAM_SIGN_ROWS, BIGRAM_SIGN_SEED = 8192, 83  # --bigram-signs: the table's rows (the record's) and its fixed seed
-
-
-def bigram_sign_table(C, device, dtype):
-    """--bigram-signs: (BIGRAM_SIGN_ROWS, C) random +-1 (signs of N(0, 1) draws from a generator of its own, fixed
-    seed: the same table on every rank, run and checkpoint), in dtype."""
-    g = torch.Generator().manual_seed(BIGRAM_SIGN_SEED)
-    return torch.randn(BIGRAM_SIGN_ROWS, C, generator=g).sign().to(device=device, dtype=dtype)
-
-
-def bigram_signs(ids, bos_id, table):
-    """--bigram-signs (record #83's sign trick): (T, C) the table's row (ids[t-1] xor ids[t]) mod its rows per
-    position t, row 0 at position 0 and at every BOS (as bigram_hash, which gives those the reserved row, no
-    previous document leaks in). Bigrams that share a hashed row mostly get other signs, so they interfere less."""
-    x = ids.to(torch.int64)
-    idx = torch.cat([torch.zeros_like(x[:1]), torch.bitwise_xor(x[:-1], x[1:]) % table.shape[0]])
-    return table[torch.where(x == bos_id, 0, idx)]
-
-
 def rotary(x, cos, sin):
     """x (..., D) with each pair (x1, x2) = (x[i], x[i + D/2]) turned to (x1 c + x2 s, x2 c - x1 s), from rotary_tables'
     full-width cos = [c, c] and sin = [s, -s]: x * cos + swap(x) * sin, swap exchanging the two halves of the last
@@ -863,7 +842,7 @@ def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=No
     return e, ves, big
 
 
-def make_layers(hp, attend, mlp=mlp_sublayer, signs=None):
+def make_layers(hp, attend, mlp=mlp_sublayer):
     """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
     one region with the head on CUDA). cu: doc_cu_seqlens(ids) on the device. attend and mlp: the attention
@@ -872,15 +851,12 @@ def make_layers(hp, attend, mlp=mlp_sublayer, signs=None):
     that layer's output instead of the stream, and the skip is saved after skip_from's MLP. --mudd (record #81, on
     one stream): after layer L-2, mudd_layer mixes earlier states into the stream and makes layer L-1's value
     correction and per-token gates and weights (in place of its static scalars); after layer L-1, mudd_final mixes
-    five states into the final stream, which takes the backout's place (no backout_lambda). signs: with
-    --bigram-signs, bigram_sign_table on the device; the bigram embeddings are multiplied by bigram_signs first."""
+    five states into the final stream, which takes the backout's place (no backout_lambda)."""
     attn = make_attn_sublayer(hp, attend)
     paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
-        if signs is not None and big is not None:
-            big = big * bigram_signs(ids, hp.bos_id, signs)
         # The document structure for attention: for the sequence and (paired heads) its interleaved 2T copy, where
         # every document is twice as long. docs (cumulative BOS count) serves the dense CPU path only (unused,
         # and dropped by the compiler, on CUDA).
@@ -1014,10 +990,7 @@ def build_fns(hp, device, compile_model, attention="auto"):
     if fused_mlp and hp.mlp_act_only:
         def mlp(x, w_fc, w_proj_t):  # --mlp-act-only
             return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)
-    signs = None
-    if hp.bigram and hp.bigram_signs:
-        signs = bigram_sign_table(hp.model_dim, device, getattr(torch, hp.param_dtype))
-    layers = make_layers(hp, attend, mlp, signs=signs)
+    layers = make_layers(hp, attend, mlp)
 
     def loss(x, w, t, wk, head8=None):
         return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)

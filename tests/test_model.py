@@ -650,39 +650,6 @@ def test_xsa_layers_come_from_the_layout():
 # Smear, backout, bigram, lambdas: one full forward against a float64 reference model
 
 
-def spec_bigram_signs(ids, bos, table):
-    """Record #83's sign rows, position by position: table[(ids[t-1] xor ids[t]) mod rows], and (ours, as the
-    bigram hash keeps documents apart) row 0 at position 0 and at every BOS."""
-    rows = [0 if t == 0 or ids[t] == bos else (ids[t - 1] ^ ids[t]) % table.shape[0] for t in range(len(ids))]
-    return torch.stack([table[r] for r in rows])
-
-
-def test_bigram_sign_table_is_a_fixed_random_sign_pattern():
-    """--bigram-signs' table: (8192, C) of +-1 only, the same at every call (every rank and run), balanced, with
-    rows that differ from each other."""
-    t = tg.bigram_sign_table(768, "cpu", torch.float32)
-    assert t.shape == (8192, 768) and set(t.unique().tolist()) == {-1.0, 1.0}
-    assert torch.equal(t, tg.bigram_sign_table(768, "cpu", torch.float32))
-    assert abs(t.mean().item()) < 0.01 and (t[0] != t[1]).float().mean() > 0.4
-
-
-def test_bigram_signs_pick_the_specs_rows_at_gpt2_ids():
-    """tg.bigram_signs against spec_bigram_signs on GPT-2-sized ids (xor up to 65535: the modulus matters) with BOS
-    tokens at the start, inside and twice in a row: the same rows exactly."""
-    table = tg.bigram_sign_table(64, "cpu", torch.float32)
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 50257, (1000,), generator=g, dtype=torch.int32)
-    ids[[0, 17, 400, 401, 999]] = 50256
-    assert torch.equal(tg.bigram_signs(ids, 50256, table), spec_bigram_signs(ids.tolist(), 50256, table))
-
-
-def test_bigram_signs_forward_matches_reference():
-    """--bigram-signs vs spec_forward in float64 (rule 1), every feature on, ids with BOS inside the sequence (their
-    sign row is row 0); and it changes the logits."""
-    _check_opt_in_against_spec(tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511,
-                                                        bigram_signs=True), "bigram_signs")
-
-
 def spec_gelu(x):
     return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
 
@@ -747,8 +714,6 @@ def spec_forward(hp, P, ids, windows):
         e = e2
     x0 = norm(e)
     big = P["bigram_embed"][torch.tensor(spec_hash(ids.tolist(), hp.bigram_vocab_size, hp.bos_id))] if hp.bigram else None
-    if hp.bigram_signs:
-        big = big * spec_bigram_signs(ids.tolist(), hp.bos_id, tg.bigram_sign_table(C, "cpu", dt))
     lane0 = x0 if big is None else x0 + bl[0] * big
     start, mudd = lane0, None  # --mudd: the stream before layer 0; what layer L-2 hands layer L-1
     lane1, skip, back = None, None, None

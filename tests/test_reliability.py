@@ -298,7 +298,6 @@ BAD_SETTINGS = [
     (["--xsa", "--paired-head-layers", "0,1,2,3"], "--xsa: every attention layer has paired heads"),
     (["--muon-qk-pairs", "--num-heads", "1", "--head-dim", "64", "--no-paired-heads"],
      "--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got 1"),
-    (["--bigram-signs", "--no-bigram"], "--bigram-signs: signs of the bigram embeddings, which --no-bigram turns off"),
     (["--mudd"], "--mudd: built on record #77's single stream; add --one-stream"),
     (["--mudd", "--one-stream", "--no-backout"], "--mudd: its final mix does the backout"),
     (["--mudd", "--one-stream"], "--mudd: mixes the outputs of --backout-layer and --skip-from into the last two "

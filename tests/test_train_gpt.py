@@ -377,8 +377,8 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
 
 # Every opt-in change to the model and its optimizer at once; --backout-layer 1: --mudd mixes that layer's output
 # into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each
-OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--bigram-signs",
-                      "--muon-qk-pairs", "--num-heads", "4", "--head-dim", "16")
+OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--muon-qk-pairs",
+                      "--num-heads", "4", "--head-dim", "16")
 
 
 @on_gpu_runs
@@ -390,7 +390,7 @@ def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
     val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at step 40."""
     text, steps, vals = gpu_runs["opt_in"][:3]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
-    assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"] and hp["bigram_signs"]
+    assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"]
     assert hp["muon_qk_pairs"] and hp["num_heads"] == 4
     assert hp["backout_layer"] == 1
     mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
@@ -1838,10 +1838,9 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
     reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
     Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid). opt_in: the four-layer smoke
-    model with every opt-in change to the forward (--one-stream --mudd --xsa --bigram-signs, backout layer 1), whose
+    model with every opt-in change to the forward (--one-stream --mudd --xsa, backout layer 1), whose
     ops must keep T symbolic too."""
-    layout = (dict(one_stream=True, mudd=True, xsa=True, bigram_signs=True, backout_layer=1) if opt_in else
-              TWO_LAYERS)
+    layout = dict(one_stream=True, mudd=True, xsa=True, backout_layer=1) if opt_in else TWO_LAYERS
     hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **layout,
                                   train_files=str(smoke_data / "smoke_train_*.bin"))
     batches = _first_micro_batches(hp, shard_files(hp.train_files))
@@ -2503,15 +2502,6 @@ def test_muon_qk_pairs_flag_and_resume():
     assert tg.Hyperparameters().muon_qk_pairs is False
     assert _flags(["--smoke", "--muon-qk-pairs"])[1].muon_qk_pairs is True
     _check_added_setting_resumes_off("muon_qk_pairs")
-
-
-def test_bigram_signs_flag_and_resume():
-    """--bigram-signs (record #83's sign trick: tests/test_model.py) is off by default; it changes the model, so
-    --resume refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes
-    as --no-bigram-signs (checkpoints.ADDED_SETTINGS)."""
-    assert tg.Hyperparameters().bigram_signs is False
-    assert _flags(["--smoke", "--bigram-signs"])[1].bigram_signs is True
-    _check_added_setting_resumes_off("bigram_signs")
 
 
 def test_ce_grad_in_forward_head_loss_is_the_two_kernel_head(device, monkeypatch):
