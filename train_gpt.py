@@ -1647,6 +1647,15 @@ def launch_probes(trainer, log):
     trainer.reset()
 
 
+def checkpoint_saved_line(rank, path, t0):
+    """The log's line for a checkpoint just saved at path (save_checkpoint began at perf_counter t0): its size and
+    seconds, read on rank 0 alone (None elsewhere). Rank 0 renames the folder once every rank has written its file,
+    so another rank may return from save_checkpoint before path exists."""
+    if rank != 0:
+        return None
+    return f"checkpoint_saved: {path} {dir_bytes(path) / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+
+
 def train(hp, args, d, startup):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
@@ -1722,9 +1731,9 @@ def train(hp, args, d, startup):
                         t0 = time.perf_counter()
                         path = save_checkpoint(ckpt_dir, step, trainer.params, trainer.opt, trainer.loader.state,
                                                clock.ms, d, hp, log.path, args.keep_last)
-                        if d.rank == 0:  # the folder is renamed by rank 0 after the others are done
-                            log(f"checkpoint_saved: {path} {dir_bytes(path) / 2**20:.0f} MiB in "
-                                f"{time.perf_counter() - t0:.1f} s")
+                        line = checkpoint_saved_line(d.rank, path, t0)
+                        if line:
+                            log(line)
                     clock.start()
                 if last:
                     break

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -2568,3 +2569,16 @@ def test_step_kernels_are_the_triton_kernels_on_cuda_and_their_references_on_the
     assert (cpu.momentum, cpu.polar, cpu.adam, cpu.accumulate) == (
         momentum.nesterov_momentum_ref, polar_express.polar_express_ref, adam.fused_adamw_multi_step_ref,
         accumulate.accumulate_ref)
+
+
+def test_checkpoint_saved_line_is_rank_0s_alone(tmp_path):
+    """checkpoint_saved_line: on rank 0 the folder's size (every file in it) and the seconds since t0; on any other
+    rank None, without looking at the folder, which rank 0 may not have renamed yet (a 2-rank run failed so)."""
+    folder = tmp_path / "step_000005"
+    folder.mkdir()
+    (folder / "rank0.pt").write_bytes(b"x" * (3 * 2**20))
+    (folder / "rank1.pt").write_bytes(b"x" * (2 * 2**20))
+    line = tg.checkpoint_saved_line(0, folder, time.perf_counter() - 2.0)
+    assert re.fullmatch(rf"checkpoint_saved: {re.escape(str(folder))} 5 MiB in 2\.\d s", line), line
+    missing = tmp_path / "step_000010"  # rank 0 has not renamed step_000010.tmp yet
+    assert tg.checkpoint_saved_line(1, missing, time.perf_counter()) is None
