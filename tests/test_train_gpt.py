@@ -50,6 +50,16 @@ compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)
 
 
+def _gpt2_cache_dir():
+    """tiktoken's gpt2 files (--prefix-loss): TIKTOKEN_CACHE_DIR, or the team's shared copy beside the checkout or
+    its worktree folder; None where neither has them."""
+    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), REPO.parent / "shared" / "tiktoken_cache",
+              REPO.parent.parent / "shared" / "tiktoken_cache"):
+        if c and all((Path(c) / f).is_file() for f in GPT2_CACHE_NAMES.values()):
+            return Path(c)
+    return None
+
+
 # ----------------------------------------------------------------------------------------------------
 # Smoke data: documents that follow a learnable rule (next = prev + 7..9 mod 511), BOS = 511, vocab 512
 
@@ -322,6 +332,8 @@ def _gpu_runs(d):
     _make_shard(d / "det_val_000000.bin", 40_000, 3, bos=50256)
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
+    if _gpt2_cache_dir() is not None:  # run "opt_in"'s --prefix-loss reads them
+        env["TIKTOKEN_CACHE_DIR"] = str(_gpt2_cache_dir())
 
     def start(run, *extra):
         cmd = [sys.executable, str(REPO / "train_gpt.py"), "--smoke", "--compile", "--deterministic", "--train-loss",
@@ -377,10 +389,11 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
 
 
-# Every opt-in change to the model and its optimizer at once; --backout-layer 1: --mudd mixes that layer's output
-# into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each
+# Every opt-in change to the model, its loss and its optimizer at once; --backout-layer 1: --mudd mixes that
+# layer's output into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each;
+# --prefix-loss where tiktoken's gpt2 files are (its table is GPT-2's; the device machines' suite has them)
 OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--muon-qk-pairs",
-                      "--num-heads", "4", "--head-dim", "16")
+                      "--num-heads", "4", "--head-dim", "16", *(("--prefix-loss",) if _gpt2_cache_dir() else ()))
 
 
 @on_gpu_runs
@@ -394,6 +407,7 @@ def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"]
     assert hp["muon_qk_pairs"] and hp["num_heads"] == 4
+    assert hp["prefix_loss"] == (_gpt2_cache_dir() is not None)
     assert hp["backout_layer"] == 1
     mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
     assert "relu(pre) = sqrt(act) in the backward" in mlp_line, mlp_line
@@ -2612,14 +2626,6 @@ def test_prefix_token_table_is_the_longest_proper_prefix_token():
     cut = tg.prefix_token_table(_merge_encoding(), 258)  # ids 258 .. 260 are beyond it
     assert cut[256] == ord("a") and cut[257] == 256 and cut.shape == (258,)
     assert torch.equal(tg.prefix_token_table(_merge_encoding(), 257)[256:], torch.tensor([ord("a")]))
-
-
-def _gpt2_cache_dir():
-    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), REPO.parent / "shared" / "tiktoken_cache",
-              REPO.parent.parent / "shared" / "tiktoken_cache"):
-        if c and all((Path(c) / f).is_file() for f in GPT2_CACHE_NAMES.values()):
-            return Path(c)
-    return None
 
 
 @pytest.mark.skipif(_gpt2_cache_dir() is None, reason="tiktoken's gpt2 files are not available offline")
