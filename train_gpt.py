@@ -760,8 +760,7 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
     """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
     softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. targets
     (2, N) (--prefix-loss): row 0 those targets, with the first K - 1 weights, and row 1 one more target per row
-    (-1: none), weighted by the last. ce:
-    softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
+    (-1: none), weighted by the last. ce: softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
     here, by the final norm's kernel in the compiled step) and head8 = fp8_head_weights(lm_head, FP8_W_S) (the
     caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE forward kernel also writes the logits'
     gradient, for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward)."""
@@ -1524,9 +1523,10 @@ class Trainer:
             raise ShardError(f"validation shard has {len(self.val_tokens)} tokens, fewer than {SLOTS} micro-batches "
                              f"of {T} (+1) tokens")
         self.rot_cache = {}
-        # Multi-token weights of every step as device tensors, made once (a per-step copy could block), zero-padded
-        # to the stage table's longest list: a weight of 0 adds nothing to the loss or its gradient, and one
-        # length for every stage keeps the compiled region's inputs the same but for the micro-batch length.
+        # The head's weights of every step (loss_weights_at: the multi-token ones, then --prefix-loss's) as device
+        # tensors, made once (a per-step copy could block), the multi-token ones zero-padded to the stage table's
+        # longest list: a weight of 0 adds nothing to the loss or its gradient, and one length for every stage
+        # keeps the compiled region's inputs the same but for the micro-batch length.
         K = max(len(mtp_weights_at(hp, s)) for s in range(hp.total_steps))
         self.mtp = [torch.tensor(loss_weights_at(hp, s, K), dtype=torch.float32, device=d.device)
                     for s in range(hp.total_steps)]
