@@ -22,7 +22,8 @@ prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (
 embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
 beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
 --one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
-the last two layers (make_layers, mudd_layer); and, in the optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
+the last two layers (make_layers, mudd_layer); and, in the optimizer, --muon-qk-pairs, record #80's Muon per pair
+of heads of W_q and W_k (Group).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
