@@ -757,13 +757,14 @@ def head_logits(x, lm_head, softcap):
 
 
 def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False, head8=None):
-    """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
-    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. targets
-    (2, N) (--prefix-loss): row 0 those targets, with the first K - 1 weights, and row 1 one more target per row
-    (-1: none), weighted by the last. ce: softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
-    here, by the final norm's kernel in the compiled step) and head8 = fp8_head_weights(lm_head, FP8_W_S) (the
-    caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE forward kernel also writes the logits'
-    gradient, for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward)."""
+    """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits softcap *
+    sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. targets (2, N)
+    (--prefix-loss): row 0 those targets, with the first K - 1 weights, and row 1 one more target per row (-1:
+    none), weighted by the last. ce: softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on
+    the normed x's e4m3 copy (made here, by the final norm's kernel in the compiled step) and head8 =
+    fp8_head_weights(lm_head, FP8_W_S) (the caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE
+    forward kernel also writes the logits' gradient, for the gradient train_step gives the loss (1 / SLOTS; any
+    other is scaled in the backward)."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]

@@ -43,12 +43,12 @@ subnormal-range fix-up), and the reciprocal as rsqrt(d)^2 plus one Newton step (
 instructions; ``1 / d`` compiles to a range-checked division of ~8). The test file derives the resulting fp32
 error bounds (about 7 u of A for z, u = 2^-24).
 
-Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider
-buffer is fine); targets (N,) int64, or (2, N) contiguous with the extra term (then K >= 2); weights (K,) fp32 on logits' device with 1 <= K <= MAX_K = 4, read by
-the kernels at run time, so changing their values (a per-step schedule) never recompiles (K itself is a
-compile-time constant: one compilation per K). A, B, C finite Python floats, C nonzero. Outputs: losses (N,)
-fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype, a fresh contiguous
-tensor (no (N, V) fp32 temporary is made).
+Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider buffer is
+fine); targets (N,) int64, or (2, N) contiguous with the extra term (then K >= 2); weights (K,) fp32 on logits'
+device with 1 <= K <= MAX_K = 4, read by the kernels at run time, so changing their values (a per-step schedule)
+never recompiles (K itself is a compile-time constant: one compilation per K). A, B, C finite Python floats, C
+nonzero. Outputs: losses (N,) fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype,
+a fresh contiguous tensor (no (N, V) fp32 temporary is made).
 
 FP8 gradient for the FP8 LM head. The trainer's FP8 head multiplies the logits gradient in float8_e5m2 twice:
 dx = g @ W^T takes it (N, V) row-major, dW = x^T @ g takes g as the second operand, which torch._scaled_mm on
@@ -68,11 +68,11 @@ instruction per two elements, Triton's ``.to(tl.float8e5)`` there), which the ke
 bits; the interpreter's own conversion is wrong). g8t holds the same bytes as g8, transposed; both are fresh
 contiguous tensors: the row kernel writes g8 and kernels.transpose.transpose_copy copies it into g8t.
 
-Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
-them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
-NaN loss and a NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t), and so does a row
-whose extra target q_t is >= V. Nothing is read out of bounds. (train_gpt.py checks every shard's ids against the vocabulary before it trains, so there no target
-is out of range.)
+Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check them
+instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a NaN loss and a
+NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t), and so does a row whose extra target q_t
+is >= V. Nothing is read out of bounds. (train_gpt.py checks every shard's ids against the vocabulary before it
+trains, so there no target is out of range.)
 
 Kernels (the first two run one program per row, which walks the row in tiles of BLOCK_V columns: the full
 tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
