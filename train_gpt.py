@@ -317,30 +317,33 @@ def val_windows(hp, step):
     return (short, hp.final_long_window), long
 
 
+def stage_progress(hp, step):
+    """(the stage of a training step, the fraction of it done before the step); past the last stage, (it, 1.0)."""
+    for start, end, s in stage_bounds(hp):
+        if step < end:
+            return s, (step - start) / (end - start)
+    return hp.stages[-1], 1.0
+
+
 def mtp_weights_at(hp, step):
     """Multi-token prediction weights (w_0, w_1, ...) of a training step: the stage's mtp_start moved linearly
     towards mtp_end by the fraction of the stage done (the public record's schedule); (1.0,) with --no-mtp."""
     if not hp.mtp:
         return (1.0,)
-    for start, end, s in stage_bounds(hp):
-        if step < end:
-            t = (step - start) / (end - start)
-            return tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end))
-    return tuple(hp.stages[-1].mtp_end)
+    s, t = stage_progress(hp, step)
+    return tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end))
 
 
 def loss_weights_at(hp, step, K):
     """The training head's weights of a step: mtp_weights_at zero-padded to K (a weight of 0 adds nothing), and
     with --prefix-loss the prefix-token term's weight last (the stage's prefix pair, linear in the stage's
-    fraction done; 0 after the stages)."""
+    fraction done, as the multi-token weights)."""
     w = mtp_weights_at(hp, step)
     w = w + (0.0,) * (K - len(w))
     if not hp.prefix_loss:
         return w
-    for start, end, s in stage_bounds(hp):
-        if step < end:
-            return w + (s.prefix[0] + (s.prefix[1] - s.prefix[0]) * (step - start) / (end - start),)
-    return w + (0.0,)
+    s, t = stage_progress(hp, step)
+    return w + (s.prefix[0] + (s.prefix[1] - s.prefix[0]) * t,)
 
 
 def micro_tokens_at(hp, step):

@@ -730,7 +730,8 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
     if N == 0:
         return out
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out)
-    _launch_bwd(args, (N, V, *_softcap_consts(A, B, C), float(A) / C), K, _config(logits, config), e5m2=False)
+    consts = (N, V, *_softcap_consts(A, B, C), float(A) / C)
+    _launch_bwd(args, consts, K, _prefix_at(targets, K), _config(logits, config), e5m2=False)
     return out
 
 
@@ -760,11 +761,10 @@ def _hw_fp8():
     return not interpreting()
 
 
-def _launch_bwd(args, consts, K, cfg, e5m2):
+def _launch_bwd(args, consts, K, prefix_at, cfg, e5m2):
     """The row kernel's dense pass, then the target pass (_ce_bwd_targets_kernel: TARGETS_BLOCK_R rows per program,
     K gathers and stores per row): dlogits in the output's dtype, or (e5m2) g8's bits into a uint8 view. ``args``:
-    the kernels' tensor arguments up to the output (targets the sixth); ``consts``: (N, V, A, c1, c0, A_over_C)."""
-    prefix_at = _prefix_at(args[5], K)
+    the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C); prefix_at: _prefix_at's."""
     _ce_bwd_kernel[(consts[0],)](*args, *consts, K=K, PREFIX_AT=prefix_at, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2,
                                  HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
     _ce_bwd_targets_kernel[(triton.cdiv(consts[0], TARGETS_BLOCK_R),)](
@@ -801,7 +801,7 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         return out, out_t
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8))
     consts = (N, V, *_softcap_consts(A, B, C), A_over_Cs)
-    _launch_bwd(args, consts, K, _config(logits, config), e5m2=True)
+    _launch_bwd(args, consts, K, _prefix_at(targets, K), _config(logits, config), e5m2=True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 
