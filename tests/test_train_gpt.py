@@ -2196,14 +2196,6 @@ def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     assert (fixed.vocab_size, fixed.bos_id) == (50304, 50256)
 
 
-def _gpt2_cache_dir():
-    names = ("6d1cbeee0f20b3d9449abfede4726ed8212e3aee", "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6")
-    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), REPO.parent / "shared" / "tiktoken_cache"):
-        if c and all((Path(c) / n).is_file() for n in names):
-            return Path(c)
-    return None
-
-
 def _gpt2_shards(tmp_path):
     """Train and val shards made by data/prepare_text.py with GPT-2's BPE: sentences with a fixed word order."""
     from data import prepare_text
