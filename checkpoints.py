@@ -36,7 +36,7 @@ RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 # (--resume reads a missing one as it), and the parameters of those features, which such a checkpoint lacks too:
 # load_checkpoint leaves them at their initial value, the one that feature off never reads or changes.
 ADDED_SETTINGS = {"xsa": False, "mlp_act_only": False, "one_stream": False, "mudd": False,  # each off
-                  "muon_qk_pairs": False}
+                  "muon_qk_pairs": False, "prefix_loss": False}
 ADDED_PARAMS = {  # name -> a value for a checkpoint without it, where its feature is off and it is unread
     "xsa_alpha": lambda hp: torch.zeros(hp.num_layers, hp.num_heads),  # (its init)
     "mudd_bias": lambda hp: torch.zeros(2, 2, 8),

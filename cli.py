@@ -23,7 +23,7 @@ import torch
 
 from checkpoints import RESUME_MAY_DIFFER, CheckpointError, check_resume, check_resume_flags, last_checkpoint
 from data.hellaswag import HellaSwagError
-from data.prepare_text import PrepareError
+from data.prepare_text import PrepareError, load_gpt2
 from data.shards import ShardError, check_token_ids, load_shard
 from data.smoke_corpus import OUT_DIR, write_smoke_corpus
 from evaluation import GPT2_VOCAB
@@ -148,8 +148,9 @@ def check_settings(hp, args, check_world_size, untie_step, block):
     with --resume the flags given against the checkpoint's (check_resume_flags), the world size (WORLD_SIZE, by
     ``check_world_size``), every hyperparameter's range, the untie stage (``untie_step(hp)`` None: no Adam step to
     untie after), the layer indices and shapes against each other, the sampling flags, and for training the device
-    (the full model needs CUDA: without it, --smoke) and the run id, which must be new: neither LOG_DIR/RUN_ID.txt
-    nor CHECKPOINT_DIR/RUN_ID may exist. Opens no file but the --resume checkpoint, allocates nothing. hp: the
+    (the full model needs CUDA: without it, --smoke), the run id, which must be new: neither LOG_DIR/RUN_ID.txt
+    nor CHECKPOINT_DIR/RUN_ID may exist, and with --prefix-loss tiktoken's gpt2 files (PrepareError). Opens no file
+    but the --resume checkpoint and those, allocates nothing. hp: the
     training run's hyperparameters (with --sample / --hellaswag, which take the checkpoint's, only the flags are
     checked). block: the window unit, which the validation micro-batches must be a multiple of."""
     training = not (args.sample or args.hellaswag)
@@ -235,6 +236,8 @@ def check_settings(hp, args, check_world_size, untie_step, block):
                             "(its flags can be changed like any other)")
     if args.run_id is not None:
         check_run_id(args.run_id, args.log_dir, args.checkpoint_dir)
+    if hp.prefix_loss:
+        load_gpt2()  # its prefix-token table is GPT-2's (train_gpt.prefix_token_table)
 
 
 def set_up_process(args):

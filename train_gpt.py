@@ -22,8 +22,8 @@ prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (
 embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
 beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
 --one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
-the last two layers (make_layers, mudd_layer); and, in the optimizer, --muon-qk-pairs, record #80's Muon per pair
-of heads of W_q and W_k (Group).
+the last two layers (make_layers, mudd_layer); --prefix-loss, record #88's prefix-token loss (prefix_token_table); and,
+in the optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -65,6 +65,7 @@ from checkpoints import (ADDED_PARAMS, load_checkpoint, read_checkpoint, save_ch
 from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
 from compilation import Compilation, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
+from data.prepare_text import load_gpt2
 from data.shards import ShardError, load_shard
 from distributed import all_gather_rows, reduce_scatter_sum, setup_distributed
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
@@ -128,6 +129,7 @@ class Hyperparameters:
     xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
     one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
     mudd: bool = False  # record #81 (with --one-stream): per-token MLPs mix earlier states into the last two layers
+    prefix_loss: bool = False  # record #88: also score each position on its target's prefix token (Stage.prefix)
     # schedule
     scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
     extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
@@ -228,24 +230,26 @@ class Stage:
     max_doc_len: int  # a document is cut to this many tokens in a training micro-batch (the rest is dropped)
     mtp_start: tuple = (1.0,)  # multi-token prediction weights w_0.. at the stage's first step ...
     mtp_end: tuple = (1.0,)  # ... and at its end (linear in between, as in the public record)
+    prefix: tuple = (0.0, 0.0)  # --prefix-loss: the prefix-token term's weight at the stage's start and end (linear)
 
 
 # The public record's three batch-size stages plus a short extension at the final learning rate; its
 # multi-token prediction weights [1, .5, .25 -> 0] -> [1, .5 -> 0] -> [1]; documents cut to 896 tokens in the
-# first stage (short windows: more, shorter documents per batch), 2048 after.
+# first stage (short windows: more, shorter documents per batch), 2048 after. --prefix-loss (record #88's
+# weights): .25 -> .25 -> 0, then 0.
 STAGES = (
     Stage(end_frac=1 / 3, batch_tokens=8 * 2048 * 8, windows=(1, 3), lr_mul=1.0, max_doc_len=896,
-          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0)),
+          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0), prefix=(0.25, 0.25)),
     Stage(end_frac=2 / 3, batch_tokens=16 * 2048 * 8, windows=(3, 7), lr_mul=1.52, max_doc_len=2048,
-          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0)),
+          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0), prefix=(0.25, 0.0)),
     Stage(end_frac=1.0, batch_tokens=24 * 2048 * 8, windows=(5, 11), lr_mul=1.73, max_doc_len=2048),
     Stage(end_frac=None, batch_tokens=24 * 2048 * 8, windows=(6, 13), lr_mul=1.0, max_doc_len=2048),
 )
 SMOKE_STAGES = (
     Stage(end_frac=1 / 2, batch_tokens=8 * 128, windows=(1, 1), lr_mul=1.0, max_doc_len=96,
-          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0)),
+          mtp_start=(1.0, 0.5, 0.25), mtp_end=(1.0, 0.5, 0.0), prefix=(0.25, 0.25)),
     Stage(end_frac=1.0, batch_tokens=8 * 256, windows=(1, 2), lr_mul=1.2, max_doc_len=192,
-          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0)),
+          mtp_start=(1.0, 0.5), mtp_end=(1.0, 0.0), prefix=(0.25, 0.0)),
     Stage(end_frac=None, batch_tokens=8 * 256, windows=(2, 2), lr_mul=1.0, max_doc_len=192),
 )
 
@@ -313,16 +317,33 @@ def val_windows(hp, step):
     return (short, hp.final_long_window), long
 
 
+def stage_progress(hp, step):
+    """(the stage of a training step, the fraction of it done before the step); past the last stage, (it, 1.0)."""
+    for start, end, s in stage_bounds(hp):
+        if step < end:
+            return s, (step - start) / (end - start)
+    return hp.stages[-1], 1.0
+
+
 def mtp_weights_at(hp, step):
     """Multi-token prediction weights (w_0, w_1, ...) of a training step: the stage's mtp_start moved linearly
     towards mtp_end by the fraction of the stage done (the public record's schedule); (1.0,) with --no-mtp."""
     if not hp.mtp:
         return (1.0,)
-    for start, end, s in stage_bounds(hp):
-        if step < end:
-            t = (step - start) / (end - start)
-            return tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end))
-    return tuple(hp.stages[-1].mtp_end)
+    s, t = stage_progress(hp, step)
+    return tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end))
+
+
+def loss_weights_at(hp, step, K):
+    """The training head's weights of a step: mtp_weights_at zero-padded to K (a weight of 0 adds nothing), and
+    with --prefix-loss the prefix-token term's weight last (the stage's prefix pair, linear in the stage's
+    fraction done, as the multi-token weights)."""
+    w = mtp_weights_at(hp, step)
+    w = w + (0.0,) * (K - len(w))
+    if not hp.prefix_loss:
+        return w
+    s, t = stage_progress(hp, step)
+    return w + (s.prefix[0] + (s.prefix[1] - s.prefix[0]) * t,)
 
 
 def micro_tokens_at(hp, step):
@@ -739,12 +760,14 @@ def head_logits(x, lm_head, softcap):
 
 
 def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False, head8=None):
-    """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits
-    softcap * sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. ce:
-    softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on the normed x's e4m3 copy (made
-    here, by the final norm's kernel in the compiled step) and head8 = fp8_head_weights(lm_head, FP8_W_S) (the
-    caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE forward kernel also writes the logits'
-    gradient, for the gradient train_step gives the loss (1 / SLOTS; any other is scaled in the backward)."""
+    """Mean over the N rows of sum_k w_k CE(row t, targets[t + k]) (t + k < N) of the soft-capped logits softcap *
+    sigmoid((logits + 5) / 7.5); weights (K,) fp32 on the device; (1.0,): the next-token CE. targets (2, N)
+    (--prefix-loss): row 0 those targets, with the first K - 1 weights, and row 1 one more target per row (-1:
+    none), weighted by the last. ce: softcapped_cross_entropy (CUDA) or its _ref (CPU). fp8: through fp8_head_ce, on
+    the normed x's e4m3 copy (made here, by the final norm's kernel in the compiled step) and head8 =
+    fp8_head_weights(lm_head, FP8_W_S) (the caller's, made once per optimizer step). grad_in_fwd (CUDA): the CE
+    forward kernel also writes the logits' gradient, for the gradient train_step gives the loss (1 / SLOTS; any
+    other is scaled in the backward)."""
     xn = rms_norm(x)
     if fp8:
         N = x.shape[0]
@@ -760,6 +783,25 @@ def head_loss(x, lm_head, targets, weights, softcap, ce, fp8, grad_in_fwd=False,
     if grad_in_fwd:
         return head_ce_grad_in_fwd(xn, lm_head, targets, weights, 1 / SLOTS, softcap, SOFTCAP_B, SOFTCAP_C)[0]
     return ce(head_mm(xn, lm_head), targets, weights, softcap, SOFTCAP_B, SOFTCAP_C).mean()
+
+
+def prefix_token_table(encoding, vocab_size):
+    """--prefix-loss (record #88's idea): (vocab_size,) int64, for each id the id of the longest proper prefix of its
+    bytes that is itself a token of ``encoding`` (tiktoken's gpt2: its byte-pair tokens, ids below eot_token), or -1
+    (no such prefix: single bytes; the end-of-text id and the vocabulary's padding rows; a prefix id >= vocab_size).
+    head_loss scores each position also on its target's prefix token (kernels.cross_entropy's extra term, -1: none).
+    """
+    ids = {encoding.decode_single_token_bytes(i): i for i in range(encoding.eot_token)}
+    table = torch.full((vocab_size,), -1, dtype=torch.int64)
+    for b, i in ids.items():
+        if i >= vocab_size:
+            continue
+        for n in range(len(b) - 1, 0, -1):
+            p = ids.get(b[:n])
+            if p is not None:
+                table[i] = p if p < vocab_size else -1
+                break
+    return table
 
 
 # -----------------------------------------------------------------------------
@@ -1002,7 +1044,11 @@ def build_fns(hp, device, compile_model, attention="auto"):
     def val_loss(x, w, t, wk):
         return head_loss(x, w, t, wk, hp.softcap, ce, False)
 
+    prefix = prefix_token_table(load_gpt2(), hp.vocab_size).to(device) if hp.prefix_loss else None
+
     def train_step(params, e, ves, big, ids, cu, targets, tables, wk, head8=None):
+        if prefix is not None:  # --prefix-loss: (2, T) targets, each next token's prefix token second (-1: none)
+            targets = torch.stack([targets, prefix[targets]])
         return loss(layers(params, e, ves, big, ids, cu, tables), params["lm_head"], targets, wk, head8)
 
     def val_step(params, e, ves, big, ids, cu, targets, tables):
@@ -1481,12 +1527,13 @@ class Trainer:
             raise ShardError(f"validation shard has {len(self.val_tokens)} tokens, fewer than {SLOTS} micro-batches "
                              f"of {T} (+1) tokens")
         self.rot_cache = {}
-        # Multi-token weights of every step as device tensors, made once (a per-step copy could block), zero-padded
-        # to the stage table's longest list: a weight of 0 adds nothing to the loss or its gradient, and one
-        # length for every stage keeps the compiled region's inputs the same but for the micro-batch length.
+        # The head's weights of every step (loss_weights_at: the multi-token ones, then --prefix-loss's) as device
+        # tensors, made once (a per-step copy could block), the multi-token ones zero-padded to the stage table's
+        # longest list: a weight of 0 adds nothing to the loss or its gradient, and one length for every stage
+        # keeps the compiled region's inputs the same but for the micro-batch length.
         K = max(len(mtp_weights_at(hp, s)) for s in range(hp.total_steps))
-        self.mtp = [torch.tensor(mtp_weights_at(hp, s) + (0.0,) * (K - len(mtp_weights_at(hp, s))),
-                                 dtype=torch.float32, device=d.device) for s in range(hp.total_steps)]
+        self.mtp = [torch.tensor(loss_weights_at(hp, s, K), dtype=torch.float32, device=d.device)
+                    for s in range(hp.total_steps)]
         # --hellaswag-every: examples rendered and packed once, scored by the eager model (sequence_logits)
         self.hellaswag = HellaSwag(hp, d, BLOCK) if hp.hellaswag_every > 0 else None
         lap("loaders")

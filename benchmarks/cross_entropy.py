@@ -1,6 +1,8 @@
 """Benchmark cases of kernels/cross_entropy.py: the speedrun's LM-head loss, V=50304, bf16 logits.
 
-Cases at N=49152 rows, K=3: forward alone, backward alone, and forward + backward (what a training step pays).
+Cases at N=49152 rows, K=3: forward alone, backward alone, and forward + backward (what a training step pays);
+and forward + backward with the extra term (--prefix-loss: targets (2, N), K=4), against K=3 without it (its
+speedup column is the term's cost, one more gather per row and target column).
 Bytes are the logits read once by each kernel plus the gradient written once (the (N,) vectors are
 negligible): fwd N*V*2, bwd 2*N*V*2, fwd+bwd 3*N*V*2 = 14.8 GB. Baselines for fwd+bwd: the unfused computation
 (softcap in fp32, then ``F.cross_entropy`` per k, weighted sum) run eagerly and under ``torch.compile``, its
@@ -340,6 +342,13 @@ def bench_cases(device, tune=False):
             fn(x_base, targets, weights, *SOFTCAP).backward(grad)
         return run
 
+    targets2 = torch.stack([targets, torch.randint(-1, V, (N,), generator=gen, device=device)])
+    weights4 = torch.tensor(MTP_WEIGHTS + [0.25], device=device)
+
+    def fwd_bwd_extra():
+        softcapped_cross_entropy_fwd(x, targets2, weights4, *SOFTCAP, losses=losses, stats=stats)
+        softcapped_cross_entropy_bwd(grad, x, stats, targets2, weights4, *SOFTCAP, out=dx)
+
     fwd()  # stats for the standalone backward case
     cases = [
         dict(op="softcapped_ce_fwd", shape=shape, dtype="bf16", fn=fwd, bytes=logits_bytes, flops=0,
@@ -349,6 +358,8 @@ def bench_cases(device, tune=False):
         dict(op="softcapped_ce_fwd_bwd", shape=shape, dtype="bf16", fn=fwd_bwd, bytes=3 * logits_bytes, flops=0,
              baselines={"torch.compile": baseline(compiled), "torch": baseline(unfused_losses)},
              check=lambda: _check(device)),
+        dict(op="softcapped_ce_fwd_bwd[extra]", shape=f"{N}x{V} K=3+1", dtype="bf16", fn=fwd_bwd_extra,
+             bytes=3 * logits_bytes, flops=0, baselines={"K=3": fwd_bwd}),
     ]
     if tune:
         for cfg in TUNING_CANDIDATES:

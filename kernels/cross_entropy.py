@@ -15,6 +15,15 @@ g_t the incoming gradient of loss_t, the gradient is
 
 Only x gets a gradient (targets are indices; the weights are a schedule, not parameters).
 
+The extra term (the prefix-token loss of train_gpt.py's --prefix-loss). With targets (2, N) instead of (N,),
+row 0 is the targets above and row 1 gives each row t one more target q_t, scored with the last weight:
+
+    loss_t  += w_{K-1} * (lse_t - z[t, q_t])                   where q_t >= 0 (a negative q_t: no term)
+
+and the first K - 1 weights are the multi-token terms over row 0. In the gradient, W_t counts w_{K-1} where
+q_t >= 0 and the target sum gets w_{K-1} [v == q_t]. A q_t >= V is out of range (below). Kernels: the term
+index PREFIX_AT = K - 1 (a compile-time constant, -1 without it) reads its target at targets + N + t.
+
 Numerics. The forward keeps a running maximum m of z over the tiles (one max per tile, the lanes' partial
 sums rescaled by exp(m_old - m_new)) and ends with m_t = max_v z[t, v] and S_t = sum_v exp(z[t, v] - m_t);
 it saves both as ``stats`` (2, N) fp32, and the backward computes p = exp(z - m_t) / S_t. Saving
@@ -34,12 +43,12 @@ subnormal-range fix-up), and the reciprocal as rsqrt(d)^2 plus one Newton step (
 instructions; ``1 / d`` compiles to a range-checked division of ~8). The test file derives the resulting fp32
 error bounds (about 7 u of A for z, u = 2^-24).
 
-Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider
-buffer is fine); targets (N,) int64; weights (K,) fp32 on logits' device with 1 <= K <= MAX_K = 4, read by
-the kernels at run time, so changing their values (a per-step schedule) never recompiles (K itself is a
-compile-time constant: one compilation per K). A, B, C finite Python floats, C nonzero. Outputs: losses (N,)
-fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype, a fresh contiguous
-tensor (no (N, V) fp32 temporary is made).
+Shapes and dtypes. logits (N, V) bf16 or fp32, any row stride (unit column stride: a slice of a wider buffer is
+fine); targets (N,) int64, or (2, N) contiguous with the extra term (then K >= 2); weights (K,) fp32 on logits'
+device with 1 <= K <= MAX_K = 4, read by the kernels at run time, so changing their values (a per-step schedule)
+never recompiles (K itself is a compile-time constant: one compilation per K). A, B, C finite Python floats, C
+nonzero. Outputs: losses (N,) fp32 and stats (2, N) fp32 (saved for the backward); dlogits (N, V) in logits' dtype,
+a fresh contiguous tensor (no (N, V) fp32 temporary is made).
 
 FP8 gradient for the FP8 LM head. The trainer's FP8 head multiplies the logits gradient in float8_e5m2 twice:
 dx = g @ W^T takes it (N, V) row-major, dW = x^T @ g takes g as the second operand, which torch._scaled_mm on
@@ -59,11 +68,11 @@ instruction per two elements, Triton's ``.to(tl.float8e5)`` there), which the ke
 bits; the interpreter's own conversion is wrong). g8t holds the same bytes as g8, transposed; both are fresh
 contiguous tensors: the row kernel writes g8 and kernels.transpose.transpose_copy copies it into g8t.
 
-Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check
-them instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a
-NaN loss and a NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t). Nothing is read out
-of bounds. (train_gpt.py checks every shard's ids against the vocabulary before it trains, so there no target
-is out of range.)
+Out-of-range targets. Checking them on the host would synchronise the GPU every step, so the kernels check them
+instead: a row that reads a target outside [0, V) (any k with t + k < N, whatever its weight) gets a NaN loss and a
+NaN gradient row (in the e5m2 backward: a NaN row of g8 and column of g8t), and so does a row whose extra target q_t
+is >= V. Nothing is read out of bounds. (train_gpt.py checks every shard's ids against the vocabulary before it
+trains, so there no target is out of range.)
 
 Kernels (the first two run one program per row, which walks the row in tiles of BLOCK_V columns: the full
 tiles without masks, then one masked tail tile when BLOCK_V does not divide V):
@@ -229,7 +238,12 @@ def softcapped_cross_entropy_ref(logits, targets, weights, A, B, C):
     N = logits.shape[0]
     losses = torch.zeros(N, dtype=dt, device=logits.device)
     w = weights.to(dt)
-    for k in range(min(weights.shape[0], N)):
+    if targets.dim() == 2:  # the extra term: weight w[-1], target targets[1, t] where that is >= 0
+        extra, targets, w = targets[1], targets[0], w[:-1]
+        on = extra >= 0
+        picked = z.gather(1, torch.where(on, extra, 0).reshape(-1, 1)).reshape(-1)
+        losses = losses + torch.where(on, weights[-1].to(dt) * (lse - picked), 0.0)
+    for k in range(min(w.shape[0], N)):
         picked = z[:N - k].gather(1, targets[k:].reshape(-1, 1)).reshape(-1)
         losses = losses + torch.nn.functional.pad(w[k] * (lse[:N - k] - picked), (0, k))
     return losses
@@ -259,13 +273,20 @@ def _softcap(x, A, c1, c0):
 
 
 @triton.jit
-def _row_term(targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
+def _row_term(targets_ptr, weights_ptr, row, N, V, k: tl.constexpr, PREFIX_AT: tl.constexpr):
     """Target and weight of term k of this row (weight 0 when t + k >= N), whether the term is present (t + k < N)
-    and whether its target is bad (present and outside [0, V))."""
-    present = row + k < N
-    tgt = tl.load(targets_ptr + row + k, mask=present, other=0)
+    and whether its target is bad (present and outside [0, V)). Term PREFIX_AT (when k equals it) is the extra
+    term instead: its target is the row's entry of the second row of targets (2, N), at targets_ptr + N + row,
+    present where it is >= 0 (a negative entry: no such term for the row), bad where it is >= V."""
+    if k == PREFIX_AT:
+        tgt = tl.load(targets_ptr + N + row)
+        present = tgt >= 0
+        bad = tgt >= V
+    else:
+        present = row + k < N
+        tgt = tl.load(targets_ptr + row + k, mask=present, other=0)
+        bad = present & ((tgt < 0) | (tgt >= V))
     w = tl.where(present, tl.load(weights_ptr + k), 0.0)
-    bad = present & ((tgt < 0) | (tgt >= V))
     return tgt, w, present, bad
 
 
@@ -302,7 +323,7 @@ def _ce_fwd_kernel(
     losses_ptr, stats_ptr,
     # sizes and softcap constants (A, and c1 = -log2(e) / C, c0 = B c1)
     N, V, A, c1, c0,
-    K: tl.constexpr, BLOCK_V: tl.constexpr,
+    K: tl.constexpr, PREFIX_AT: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xn
@@ -313,7 +334,7 @@ def _ce_fwd_kernel(
     loss = 0.0
     any_bad = False
     for k in tl.static_range(K):
-        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k, PREFIX_AT)
         zt, st = _softcap(tl.load(x_row + tgt, mask=present & ~bad, other=0.0), A, c1, c0)
         loss += w * (log_s + (m - zt))
         any_bad = any_bad | bad
@@ -324,7 +345,8 @@ def _ce_fwd_kernel(
 
 
 @triton.jit
-def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K: tl.constexpr):
+def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K: tl.constexpr,
+                   PREFIX_AT: tl.constexpr):
     """What the backward needs of row(s) ``row``: m_t; the row's factor of the dense part,
     dense = g_t W_t (A / C) / S_t (NaN for a row with a bad target); gc = g_t (A / C) (the targets' factor); and the
     MAX_K terms (target, weight; the absent ones weight 0). A_over_C holds A / (C * scale) for the e5m2 backward.
@@ -333,16 +355,16 @@ def _bwd_row_setup(g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N,
     m = tl.load(stats_ptr + row)
     inv_s = tl.div_rn(1.0, tl.load(stats_ptr + N + row))
     g = tl.load(g_ptr + row * stride_g).to(tl.float32)
-    tgt0, w0, p0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0)
+    tgt0, w0, p0, bad = _row_term(targets_ptr, weights_ptr, row, N, V, 0, PREFIX_AT)
     tgt1, w1, tgt2, w2, tgt3, w3 = tgt0, 0.0, tgt0, 0.0, tgt0, 0.0
     if K > 1:
-        tgt1, w1, p1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1)
+        tgt1, w1, p1, bad1 = _row_term(targets_ptr, weights_ptr, row, N, V, 1, PREFIX_AT)
         bad = bad | bad1
     if K > 2:
-        tgt2, w2, p2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2)
+        tgt2, w2, p2, bad2 = _row_term(targets_ptr, weights_ptr, row, N, V, 2, PREFIX_AT)
         bad = bad | bad2
     if K > 3:
-        tgt3, w3, p3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3)
+        tgt3, w3, p3, bad3 = _row_term(targets_ptr, weights_ptr, row, N, V, 3, PREFIX_AT)
         bad = bad | bad3
     g = tl.where(bad, float("nan"), g)                     # poison the whole row, as the forward does
     gc = g * A_over_C
@@ -437,7 +459,7 @@ def _ce_bwd_kernel(
     dx_ptr,
     # sizes and softcap constants; A_over_C is A / (C * scale) with E5M2
     N, V, A, c1, c0, A_over_C,
-    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
+    K: tl.constexpr, PREFIX_AT: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     """The dense part of dlogits (every column as if it were no target), one program per row; the row's target
     columns are then rewritten by _ce_bwd_targets_kernel."""
@@ -445,7 +467,7 @@ def _ce_bwd_kernel(
     x_row = x_ptr + row * stride_xn
     dx_row = dx_ptr + row * V
     m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K)
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, row, N, V, A_over_C, K, PREFIX_AT)
     cols = tl.arange(0, BLOCK_V)
     v_full = (V // BLOCK_V) * BLOCK_V
     for off in range(0, v_full, BLOCK_V):                  # full tiles: no masks
@@ -459,7 +481,7 @@ def _ce_bwd_targets_kernel(
     # as _ce_bwd_kernel
     g_ptr, stride_g, x_ptr, stride_xn, stats_ptr, targets_ptr, weights_ptr, dx_ptr,
     N, V, A, c1, c0, A_over_C,
-    K: tl.constexpr, BLOCK_R: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
+    K: tl.constexpr, PREFIX_AT: tl.constexpr, BLOCK_R: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     """The target columns of BLOCK_R rows (one per lane) after the dense pass: dx at each present, in-range target
     t_k, with all the weights that land on that column (``_bwd_target``), into dlogits (or g8). Two terms with the
@@ -469,9 +491,9 @@ def _ce_bwd_targets_kernel(
     live = rows < N
     r = tl.minimum(rows, N - 1)
     m, dense, gc, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3 = _bwd_row_setup(
-        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, A_over_C, K)
+        g_ptr, stride_g, stats_ptr, targets_ptr, weights_ptr, r, N, V, A_over_C, K, PREFIX_AT)
     for k in tl.static_range(K):
-        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, r, N, V, k)
+        tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, r, N, V, k, PREFIX_AT)
         ok = live & present & ~bad
         x = tl.load(x_ptr + r * stride_xn + tgt, mask=ok, other=0.0)
         dx = _bwd_target(x, tgt, m, dense, gc, A, c1, c0, tgt0, w0, tgt1, w1, tgt2, w2, tgt3, w3, K)
@@ -482,11 +504,11 @@ def _ce_bwd_targets_kernel(
 
 
 @triton.jit
-def _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, k: tl.constexpr):
+def _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, k: tl.constexpr, PREFIX_AT: tl.constexpr):
     """Term k of the row for _ce_fwd_grad_kernel: its target and weight (``_row_term``), whether its target column
     is stored (present and in range), whether the target is bad, and the logit at the target (0 where not stored),
     gathered before the row's gradient is written (which may overwrite the logits)."""
-    tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k)
+    tgt, w, present, bad = _row_term(targets_ptr, weights_ptr, row, N, V, k, PREFIX_AT)
     ok = present & ~bad
     return tgt, w, ok, bad, tl.load(x_row + tgt, mask=ok, other=0.0)
 
@@ -513,7 +535,7 @@ def _ce_fwd_grad_kernel(
     losses_ptr, dx_ptr,
     # sizes, softcap constants, every row's incoming gradient g, and A / C (A / (C * scale) with E5M2)
     N, V, A, c1, c0, g, A_over_C,
-    K: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
+    K: tl.constexpr, PREFIX_AT: tl.constexpr, BLOCK_V: tl.constexpr, E5M2: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     """The forward and the backward of every row this program takes (rows pid, pid + programs, ...): the K target
     logits gathered; pass A (``_row_stats``) and the loss, as _ce_fwd_kernel; pass B, the dense dlogits of every
@@ -528,17 +550,17 @@ def _ce_fwd_grad_kernel(
     for row in range(tl.program_id(0).to(tl.int64), N, tl.num_programs(0)):   # int64 offsets
         x_row = x_ptr + row * stride_xn
         dx_row = dx_ptr + row * V
-        tgt0, w0, ok0, bad, xt0 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 0)
+        tgt0, w0, ok0, bad, xt0 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 0, PREFIX_AT)
         tgt1, w1, ok1, xt1, tgt2, w2, ok2, xt2, tgt3, w3, ok3, xt3 = tgt0, 0.0, ok0, xt0, tgt0, 0.0, ok0, xt0, \
             tgt0, 0.0, ok0, xt0
         if K > 1:
-            tgt1, w1, ok1, bad1, xt1 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 1)
+            tgt1, w1, ok1, bad1, xt1 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 1, PREFIX_AT)
             bad = bad | bad1
         if K > 2:
-            tgt2, w2, ok2, bad2, xt2 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 2)
+            tgt2, w2, ok2, bad2, xt2 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 2, PREFIX_AT)
             bad = bad | bad2
         if K > 3:
-            tgt3, w3, ok3, bad3, xt3 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 3)
+            tgt3, w3, ok3, bad3, xt3 = _fwd_grad_term(x_row, targets_ptr, weights_ptr, row, N, V, 3, PREFIX_AT)
             bad = bad | bad3
 
         # forward: loss_t = sum_k w_k * (log S + (m - z_k)), summed in _ce_fwd_kernel's order
@@ -609,20 +631,26 @@ def _check_inputs(logits, targets, weights, A, B, C):
                          f"{logits.stride()}")
     if targets.dtype != torch.int64:
         raise TypeError(f"softcapped_cross_entropy: targets must be int64, got {targets.dtype}")
-    if targets.shape != (N,):
-        raise ValueError(f"softcapped_cross_entropy: targets must have shape (N,) = ({N},), got "
-                         f"{tuple(targets.shape)}")
+    if targets.shape != (N,) and targets.shape != (2, N):
+        raise ValueError(f"softcapped_cross_entropy: targets must have shape (N,) = ({N},), or (2, N) = (2, {N}) "
+                         f"with the extra term's targets, got {tuple(targets.shape)}")
+    if targets.dim() == 2 and N > 0 and targets.stride() != (N, 1):
+        raise ValueError(f"softcapped_cross_entropy: targets (2, N) must be contiguous, got strides "
+                         f"{targets.stride()}")
     if weights.dtype != torch.float32:
         raise TypeError(f"softcapped_cross_entropy: weights must be float32, got {weights.dtype}")
     if weights.dim() != 1 or weights.numel() == 0:
         raise ValueError(f"softcapped_cross_entropy: weights must be 1-D and non-empty (K,), got shape "
                          f"{tuple(weights.shape)}")
     for name, t in (("targets", targets), ("weights", weights)):
-        if t.numel() > 1 and t.stride(0) != 1:
+        if t.dim() == 1 and t.numel() > 1 and t.stride(0) != 1:
             raise ValueError(f"softcapped_cross_entropy: {name} must be contiguous, got stride {t.stride(0)}")
     K = weights.shape[0]
     if K > MAX_K:
         raise ValueError(f"softcapped_cross_entropy: at most {MAX_K} weights are supported, got K={K}")
+    if targets.dim() == 2 and K < 2:
+        raise ValueError("softcapped_cross_entropy: targets (2, N) need K >= 2 weights (the last one the extra "
+                         f"term's), got K={K}")
     check_kernel_device("softcapped_cross_entropy", logits.device)
     for name, t in (("targets", targets), ("weights", weights)):
         if t.device != logits.device:
@@ -645,6 +673,11 @@ def _check_out(name, t, shape, dtype, device):
     if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device or not t.is_contiguous():
         raise ValueError(f"softcapped_cross_entropy: {name} must be a contiguous {dtype} tensor of shape "
                          f"{tuple(shape)} on {device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def _prefix_at(targets, K):
+    """The kernels' PREFIX_AT: K - 1 (the last term is the extra one) for targets (2, N), else -1 (none)."""
+    return K - 1 if targets.dim() == 2 else -1
 
 
 def _config(logits, config):
@@ -677,7 +710,7 @@ def softcapped_cross_entropy_fwd(logits, targets, weights, A, B, C, losses=None,
     cfg = _config(logits, config)
     _ce_fwd_kernel[(N,)](
         logits, logits.stride(0), targets, weights, losses, stats, N, V, *_softcap_consts(A, B, C),
-        K=K, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
+        K=K, PREFIX_AT=_prefix_at(targets, K), BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
     return losses, stats
 
 
@@ -697,7 +730,8 @@ def softcapped_cross_entropy_bwd(grad, logits, stats, targets, weights, A, B, C,
     if N == 0:
         return out
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out)
-    _launch_bwd(args, (N, V, *_softcap_consts(A, B, C), float(A) / C), K, _config(logits, config), e5m2=False)
+    consts = (N, V, *_softcap_consts(A, B, C), float(A) / C)
+    _launch_bwd(args, consts, K, _prefix_at(targets, K), _config(logits, config), e5m2=False)
     return out
 
 
@@ -727,14 +761,14 @@ def _hw_fp8():
     return not interpreting()
 
 
-def _launch_bwd(args, consts, K, cfg, e5m2):
+def _launch_bwd(args, consts, K, prefix_at, cfg, e5m2):
     """The row kernel's dense pass, then the target pass (_ce_bwd_targets_kernel: TARGETS_BLOCK_R rows per program,
     K gathers and stores per row): dlogits in the output's dtype, or (e5m2) g8's bits into a uint8 view. ``args``:
-    the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C)."""
-    _ce_bwd_kernel[(consts[0],)](*args, *consts, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(),
-                                 num_warps=cfg["num_warps"])
+    the kernels' tensor arguments up to the output; ``consts``: (N, V, A, c1, c0, A_over_C); prefix_at: _prefix_at's."""
+    _ce_bwd_kernel[(consts[0],)](*args, *consts, K=K, PREFIX_AT=prefix_at, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2,
+                                 HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
     _ce_bwd_targets_kernel[(triton.cdiv(consts[0], TARGETS_BLOCK_R),)](
-        *args, *consts, K=K, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, HW_FP8=_hw_fp8(), num_warps=4)
+        *args, *consts, K=K, PREFIX_AT=prefix_at, BLOCK_R=TARGETS_BLOCK_R, E5M2=e5m2, HW_FP8=_hw_fp8(), num_warps=4)
 
 
 def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, B, C, scale, out=None, out_t=None,
@@ -767,7 +801,7 @@ def softcapped_cross_entropy_bwd_e5m2(grad, logits, stats, targets, weights, A, 
         return out, out_t
     args = (grad, grad.stride(0), logits, logits.stride(0), stats, targets, weights, out.view(torch.uint8))
     consts = (N, V, *_softcap_consts(A, B, C), A_over_Cs)
-    _launch_bwd(args, consts, K, _config(logits, config), e5m2=True)
+    _launch_bwd(args, consts, K, _prefix_at(targets, K), _config(logits, config), e5m2=True)
     transpose_copy(out, out_t, config=transpose_config)
     return out, out_t
 
@@ -809,7 +843,8 @@ def _launch_fwd_grad(logits, targets, weights, losses, out, A, B, C, row_grad, A
     grid = N if per_sm <= 0 else max(1, min(N, per_sm * _sm_count(logits.device)))
     _ce_fwd_grad_kernel[(grid,)](
         logits, logits.stride(0), targets, weights, losses, out, N, V, *_softcap_consts(A, B, C), float(row_grad),
-        A_over_C, K=K, BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(), num_warps=cfg["num_warps"])
+        A_over_C, K=K, PREFIX_AT=_prefix_at(targets, K), BLOCK_V=cfg["BLOCK_V"], E5M2=e5m2, HW_FP8=_hw_fp8(),
+        num_warps=cfg["num_warps"])
 
 
 def _fwd_grad_losses(losses, out, logits, targets, weights, N, dev):

@@ -121,10 +121,12 @@ def call_family(family):
             fused_adamw_multi_step(params, grads, *moments, masters, hps, cautious_wd=True)
     elif family == "cross_entropy":
         import kernels.cross_entropy as ce
-        for N, V in ((128, 4096), (37, 1000)):
+        for N, V, extra in ((128, 4096, False), (37, 1000, False), (128, 4096, True)):
             x = torch.randn(N, V, generator=g).to(bf16)
             t = torch.randint(0, V, (N,), generator=g)
             w = torch.tensor([1.0, 0.5, 0.25])
+            if extra:  # --prefix-loss: targets (2, N), the last weight the extra term's (PREFIX_AT = 3)
+                t, w = torch.stack([t, torch.randint(-1, V, (N,), generator=g)]), torch.tensor([1.0, 0.5, 0.25, 0.25])
             cfg = ce.DEFAULT_CONFIG[bf16]
             losses, stats = ce.softcapped_cross_entropy_fwd(x, t, w, 23.0, 5.0, 7.5, config=cfg)
             grad = torch.full((N,), 1.0 / N)

@@ -78,9 +78,17 @@ SUMEXP_ULPS = 20 * SOFTCAP[0] + 5 * 50 + 11 + 4
 
 # ------------------------------------------------------------------------------------------ specification
 def spec_target_matrix(targets, weights, N, V, device):
-    """Float64 (N, V): M[t, v] = sum_k w_k [t + k < N] [targets[t + k] == v]."""
+    """Float64 (N, V): M[t, v] = sum_k w_k [t + k < N] [targets[t + k] == v]. With targets (2, N), the extra term:
+    the multi-token sum runs over row 0 with the first K - 1 weights, and each row t with q_t = targets[1, t] >= 0
+    adds the last weight at column q_t (row by row, below)."""
     M = torch.zeros(N, V, dtype=torch.float64, device=device)
-    for k, w in enumerate(weights.tolist()):
+    weights = weights.tolist()
+    if targets.dim() == 2:
+        for t, q in enumerate(targets[1].tolist()):
+            if q >= 0:
+                M[t, q] += weights[-1]
+        targets, weights = targets[0], weights[:-1]
+    for k, w in enumerate(weights):
         rows = torch.arange(max(N - k, 0), device=device)
         M.index_put_((rows, targets[k:]), torch.full_like(rows, w, dtype=torch.float64), accumulate=True)
     return M
@@ -122,10 +130,15 @@ def torch_lowp(x, targets, weights, A, B, C):
 
 
 def torch_losses(logits, targets, weights, A, B, C):
-    """The per-row losses in plain PyTorch: softcap, then F.cross_entropy per k (differentiable)."""
+    """The per-row losses in plain PyTorch: softcap, then F.cross_entropy per k (differentiable); targets (2, N):
+    the extra term by F.cross_entropy's ignore_index on its negative entries."""
     z = A * torch.sigmoid((logits + B) / C)
     N = logits.shape[0]
     losses = torch.zeros(N, dtype=logits.dtype, device=logits.device)
+    if targets.dim() == 2:
+        q = targets[1]
+        losses = weights[-1].item() * F.cross_entropy(z, torch.where(q >= 0, q, -100), reduction="none")
+        targets, weights = targets[0], weights[:-1]
     for k, w in enumerate(weights.tolist()):
         losses = losses + F.pad(w * F.cross_entropy(z[:N - k], targets[k:], reduction="none"), (0, k))
     return losses
@@ -140,6 +153,17 @@ def make_inputs(N, V, K, dtype=torch.float32, device="cpu", seed=0, row_stride=N
         targets[0], targets[1], targets[2] = 0, V - 1, targets[1]     # both ends of the vocabulary, a repeat
     weights = torch.tensor(WEIGHTS[K], dtype=torch.float32)
     return x, targets.to(device), weights.to(device)
+
+
+def with_extra(targets, V, seed=7):
+    """targets (2, N) for the extra term: row 0 ``targets``; row 1 random in [0, V) but for a row without the term
+    (-1), one whose extra target is its own next-token target (column counted twice) and one whose is its k = 1
+    target, and both ends of the vocabulary."""
+    N = targets.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, V, (N,), generator=gen).to(targets.device)
+    q[3], q[4], q[5], q[6], q[7] = -1, targets[4], targets[6], 0, V - 1
+    return torch.stack([targets, q]).contiguous()
 
 
 def run_fused(x, targets, weights, grad, config=None):
@@ -179,7 +203,7 @@ def check_e5m2(x, targets, weights, grad, scale, g8, g8t, rows=None):
     blocks = [(0, N)] if rows is None or 2 * rows >= N else [(0, rows), (N - rows, N)]
     for r0, r1 in blocks:
         end = min(N, r1 + K - 1)       # rows up to r1 + K - 2 hold the targets of rows r0 .. r1 - 1
-        xs, ts, gs = x[r0:end], targets[r0:end], grad[r0:end]
+        xs, ts, gs = x[r0:end], targets[..., r0:end].contiguous(), grad[r0:end]
         expect = spec_grad(xs, ts, weights, gs, A, B, C)[:r1 - r0] / scale
         terms = spec_grad_terms(xs, ts, weights, gs, scale, A, B, C)[:r1 - r0]
         assert_rounded_e5m2(g8[r0:r1], expect, terms, name=f"g8 rows {r0}:{r1}")
@@ -770,6 +794,101 @@ def test_fwd_grad_input_errors(device):
     assert g8.shape == (0, V) and g8.dtype == torch.float8_e5m2
 
 
+# ------------------------------------------------------------------------------------------ the extra term (CPU)
+# targets (2, N): row 1 gives each row one more target, scored with the last weight (train_gpt.py's prefix-token
+# loss). ``with_extra`` puts in a row without the term, targets shared with the row's own next-token and k = 1
+# terms (their weights add on one column) and both ends of the vocabulary.
+@pytest.mark.parametrize("K", [2, 4])
+@pytest.mark.parametrize("V", [64, 77, 20], ids=["aligned", "tail", "tail_only"])
+def test_extra_term_matches_spec(V, K, device):
+    """Losses, stats and dlogits with the extra term against the spec (K - 1 multi-token terms and the extra one),
+    fp32, every tiling of V."""
+    N = 13
+    x, targets, weights = make_inputs(N, V, 4, device=device, seed=2)
+    targets, weights = with_extra(targets, V), weights[:K]
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    losses, stats, dx = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    check_against_spec(x, targets, weights, losses, stats, dx, grad)
+
+
+def test_extra_term_spec_by_hand(device):
+    """The spec's extra term written out for one row of three columns: loss = w_1 (lse - z[q]) + w_0 (lse -
+    z[t]), with q = t (both weights on one column) and with q = -1 (the extra term absent)."""
+    A, B, C = SOFTCAP
+    x = torch.tensor([[0.5, -1.0, 2.0], [0.5, -1.0, 2.0]], dtype=torch.float64, device=device)
+    z = A / (1 + torch.exp(-(x[0] + B) / C))
+    lse = torch.log(torch.exp(z).sum())
+    targets = torch.tensor([[2, 1], [1, -1]], device=device)   # row 0: t = 2 (its k = 1 target 1), q = 1
+    weights = torch.tensor([1.0, 0.5, 0.25], device=device)     # k = 0, k = 1, extra
+    got = spec_losses(x, targets, weights, A, B, C)
+    expect0 = 1.0 * (lse - z[2]) + 0.5 * (lse - z[1]) + 0.25 * (lse - z[1])
+    expect1 = 1.0 * (lse - z[1])                                # no k = 1 target, no extra term
+    torch.testing.assert_close(got, torch.stack([expect0, expect1]), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("N", [16, 15], ids=["rows_aligned", "rows_tail"])
+def test_extra_term_e5m2_matches_spec(N, device):
+    """The e5m2 backward (g8 and its transpose) with the extra term, rule 3 against the spec."""
+    V = 95
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=3)
+    targets, weights = with_extra(targets, V), torch.tensor([1.0, 0.5, 0.25, 0.375], device=device)
+    grad = range_grad(N, device)
+    g8, g8t = run_e5m2(x, targets, weights, grad, SCALE, config=E5M2_TILE)
+    check_e5m2(x, targets, weights, grad, SCALE, g8, g8t)
+
+
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_extra_term_fwd_grad_matches_spec_and_the_two_kernels(launch, device):
+    """The gradient in the forward with the extra term: fp32 losses and dlogits against the spec, and with the two-
+    kernel path's tile its bits, e5m2 included."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=5)
+    targets, weights = with_extra(targets, V), torch.tensor([1.0, 0.5, 0.25, 0.25], device=device)
+    cfg = LAUNCHES[launch]
+    losses, dx = run_fwd_grad(x, targets, weights, ROW_GRAD, cfg)
+    grad = torch.full((N,), ROW_GRAD, device=device)
+    check_losses_and_dlogits(x, targets, weights, losses, dx, grad)
+    two = run_fused(x, targets, weights, grad, config=SMALL_TILE)
+    assert torch.equal(losses, two[0]) and torch.equal(dx, two[2])
+    _, g8 = run_fwd_grad_e5m2(x, targets, weights, ROW_GRAD, SCALE, cfg)
+    want8, _ = run_e5m2(x, targets, weights, grad, SCALE, config=SMALL_TILE)
+    assert torch.equal(g8.view(torch.uint8), want8.view(torch.uint8))
+
+
+def test_extra_term_out_of_range_poisons_its_row_alone(device):
+    """An extra target >= V makes NaN that row's loss and gradient (it reads no other row's); -1 is no term."""
+    N, V = 9, 20
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=4)
+    ext = with_extra(targets, V)
+    good = run_fused(x, ext, torch.cat([weights, weights[-1:]]), torch.ones(N, device=device), config=SMALL_TILE)
+    bad = ext.clone()
+    bad[1, 2] = V
+    w4 = torch.cat([weights, weights[-1:]])
+    losses, stats = softcapped_cross_entropy_fwd(x, bad, w4, *SOFTCAP, config=SMALL_TILE)
+    dx = softcapped_cross_entropy_bwd(torch.ones(N, device=device), x, stats, bad, w4, *SOFTCAP, config=SMALL_TILE)
+    clean = torch.tensor([0, 1, 3, 4, 5, 6, 7, 8])
+    assert torch.isnan(losses[2]) and torch.isnan(dx[2]).all()
+    assert torch.equal(losses[clean], good[0][clean]) and torch.equal(dx[clean], good[2][clean])
+
+
+def test_extra_term_through_the_autograd_op_and_the_reference(device):
+    """softcapped_cross_entropy (the custom op) and softcapped_cross_entropy_ref with targets (2, N): the spec's
+    losses and gradient."""
+    N, V = 13, 77
+    x, targets, weights = make_inputs(N, V, 3, device=device, seed=6)
+    targets, weights = with_extra(targets, V), torch.tensor([1.0, 0.5, 0.25, 0.25], device=device)
+    grad = shifted_randn(N, device=device, mean=0.3, std=1.0)
+    xl = x.detach().clone().requires_grad_()
+    got = softcapped_cross_entropy(xl, targets, weights, *SOFTCAP)
+    got.backward(grad)
+    check_losses_and_dlogits(x, targets, weights, got.detach(), xl.grad, grad)
+    x64 = x.double().requires_grad_()
+    ref = softcapped_cross_entropy_ref(x64, targets, weights, *SOFTCAP)
+    torch.testing.assert_close(ref.detach(), spec_losses(x, targets, weights, *SOFTCAP), rtol=1e-12, atol=1e-12)
+    ref.backward(grad.double())
+    torch.testing.assert_close(x64.grad, spec_grad(x, targets, weights, grad, *SOFTCAP), rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------ heads with the gradient
 # head_ce_grad_in_fwd and fp8_head_ce_grad_in_fwd return the mean loss; their forward writes the gradient for an
 # incoming gradient of GRAD_SCALE (train_gpt.py's 1 / SLOTS), their backward scales by r = G / GRAD_SCALE.
@@ -1077,6 +1196,12 @@ def test_input_errors(device):
         call(x, targets.int(), weights, *SOFTCAP)
     with pytest.raises(ValueError, match=r"targets must have shape \(N,\) = \(4,\)"):
         call(x, targets[:3], weights, *SOFTCAP)
+    with pytest.raises(ValueError, match=r"or \(2, N\) = \(2, 4\)"):
+        call(x, torch.zeros(3, N, dtype=torch.int64, device=device), weights, *SOFTCAP)
+    with pytest.raises(ValueError, match=r"targets \(2, N\) must be contiguous"):
+        call(x, torch.zeros(N, 2, dtype=torch.int64, device=device).T, weights, *SOFTCAP)
+    with pytest.raises(ValueError, match=r"targets \(2, N\) need K >= 2 weights"):
+        call(x, torch.zeros(2, N, dtype=torch.int64, device=device), weights[:1], *SOFTCAP)
     with pytest.raises(ValueError, match="targets must be contiguous, got stride 2"):
         call(x, torch.zeros(2 * N, dtype=torch.int64, device=device)[::2], weights, *SOFTCAP)
     with pytest.raises(TypeError, match="weights must be float32"):
@@ -1303,7 +1428,7 @@ def test_fwd_grad_e5m2_past_2_31_gpu(device):
         grad = torch.full((N,), 1.0 / N, device=device)
         for r0, r1 in ((0, 128), (N - 128, N)):
             end = min(N, r1 + K - 1)
-            xs, ts, gs = x[r0:end], targets[r0:end], grad[r0:end]
+            xs, ts, gs = x[r0:end], targets[..., r0:end].contiguous(), grad[r0:end]
             assert_rounded_e5m2(g8[r0:r1], spec_grad(xs, ts, weights, gs, *SOFTCAP)[:r1 - r0] / scale,
                                 spec_grad_terms(xs, ts, weights, gs, scale, *SOFTCAP)[:r1 - r0],
                                 name=f"g8 rows {r0}:{r1}")

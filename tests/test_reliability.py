@@ -349,6 +349,20 @@ def test_bad_setting_is_one_line_before_any_file(tmp_path, capsys, flags, messag
     assert list(tmp_path.iterdir()) == [], "nothing may be written before the settings are checked"
 
 
+def test_prefix_loss_without_gpt2_files_is_one_line_before_any_file(tmp_path, capsys, monkeypatch):
+    """--prefix-loss reads tiktoken's gpt2 files: where they cannot load (here tiktoken fails as it does offline
+    without them), load_gpt2's one line, before the shards are looked for or anything is written."""
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    line = _exit_2(_smoke_argv(tmp_path / "no_data", tmp_path, "run", "--prefix-loss"), capsys)
+    assert line.startswith("tiktoken's GPT-2 tokenizer files are missing and cannot be downloaded"), line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_full_model_without_cuda_is_refused_naming_smoke(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tg.torch.cuda, "is_available", lambda: False)
     line = _exit_2(["--train-files", str(tmp_path / "t_*.bin"), "--log-dir", str(tmp_path / "logs")], capsys)

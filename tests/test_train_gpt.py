@@ -34,6 +34,7 @@ import run_log
 import train_gpt as tg
 from compilation import unique_graphs
 from distributed import Dist
+from data.prepare_text import GPT2_CACHE_NAMES
 from data.shards import load_shard, shard_files, write_shard
 from flags import field_comments
 from kernels._checks import interpreting
@@ -47,6 +48,16 @@ HAS_CUDA = torch.cuda.is_available()
 _spec = importlib.util.spec_from_file_location("records_compare", REPO / "records" / "compare.py")
 compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)
+
+
+def _gpt2_cache_dir():
+    """tiktoken's gpt2 files (--prefix-loss): TIKTOKEN_CACHE_DIR, or the team's shared copy beside the checkout or
+    its worktree folder; None where neither has them."""
+    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), REPO.parent / "shared" / "tiktoken_cache",
+              REPO.parent.parent / "shared" / "tiktoken_cache"):
+        if c and all((Path(c) / f).is_file() for f in GPT2_CACHE_NAMES.values()):
+            return Path(c)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -321,6 +332,8 @@ def _gpu_runs(d):
     _make_shard(d / "det_val_000000.bin", 40_000, 3, bos=50256)
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
+    if _gpt2_cache_dir() is not None:  # run "opt_in"'s --prefix-loss reads them
+        env["TIKTOKEN_CACHE_DIR"] = str(_gpt2_cache_dir())
 
     def start(run, *extra):
         cmd = [sys.executable, str(REPO / "train_gpt.py"), "--smoke", "--compile", "--deterministic", "--train-loss",
@@ -376,10 +389,11 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
 
 
-# Every opt-in change to the model and its optimizer at once; --backout-layer 1: --mudd mixes that layer's output
-# into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each
+# Every opt-in change to the model, its loss and its optimizer at once; --backout-layer 1: --mudd mixes that
+# layer's output into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each;
+# --prefix-loss where tiktoken's gpt2 files are (its table is GPT-2's; the device machines' suite has them)
 OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--muon-qk-pairs",
-                      "--num-heads", "4", "--head-dim", "16")
+                      "--num-heads", "4", "--head-dim", "16", *(("--prefix-loss",) if _gpt2_cache_dir() else ()))
 
 
 @on_gpu_runs
@@ -393,6 +407,7 @@ def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"]
     assert hp["muon_qk_pairs"] and hp["num_heads"] == 4
+    assert hp["prefix_loss"] == (_gpt2_cache_dir() is not None)
     assert hp["backout_layer"] == 1
     mlp_line = next(line for line in text.splitlines() if line.startswith("mlp: "))
     assert "relu(pre) = sqrt(act) in the backward" in mlp_line, mlp_line
@@ -2181,14 +2196,6 @@ def test_smoke_takes_vocabulary_and_bos_from_the_data(tmp_path, top, vocab):
     assert (fixed.vocab_size, fixed.bos_id) == (50304, 50256)
 
 
-def _gpt2_cache_dir():
-    names = ("6d1cbeee0f20b3d9449abfede4726ed8212e3aee", "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6")
-    for c in (os.environ.get("TIKTOKEN_CACHE_DIR"), REPO.parent / "shared" / "tiktoken_cache"):
-        if c and all((Path(c) / n).is_file() for n in names):
-            return Path(c)
-    return None
-
-
 def _gpt2_shards(tmp_path):
     """Train and val shards made by data/prepare_text.py with GPT-2's BPE: sentences with a fixed word order."""
     from data import prepare_text
@@ -2582,3 +2589,114 @@ def test_checkpoint_saved_line_is_rank_0s_alone(tmp_path):
     assert re.fullmatch(rf"checkpoint_saved: {re.escape(str(folder))} 5 MiB in 2\.\d s", line), line
     missing = tmp_path / "step_000010"  # rank 0 has not renamed step_000010.tmp yet
     assert tg.checkpoint_saved_line(1, missing, time.perf_counter()) is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# --prefix-loss (record #88's prefix-token loss)
+
+
+def _merge_encoding():
+    """A tiktoken encoding of the 256 bytes and five merges, end-of-text 261: b"ab" 256, b"abc" 257, b"abcd" 258
+    (its longest proper prefix that is a token: b"abc"), b"xy" 259, b"xyz" 260."""
+    import tiktoken
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks.update({b"ab": 256, b"abc": 257, b"abcd": 258, b"xy": 259, b"xyz": 260})
+    return tiktoken.Encoding(name="merges", pat_str=r"\S+|\s+", mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 261})
+
+
+def test_prefix_token_table_is_the_longest_proper_prefix_token():
+    """prefix_token_table on a small encoding, written out: a byte has no proper prefix (-1); ab -> a, abc -> ab,
+    abcd -> abc (the longest, not ab or a), xy -> x, xyz -> xy; end-of-text and padding rows -1; a prefix id at or
+    beyond the vocabulary is none (-1)."""
+    t = tg.prefix_token_table(_merge_encoding(), 264)
+    assert t.dtype == torch.int64 and t.shape == (264,)
+    expect = torch.full((264,), -1, dtype=torch.int64)
+    expect[256], expect[257], expect[258] = ord("a"), 256, 257
+    expect[259], expect[260] = ord("x"), 259
+    assert torch.equal(t, expect)
+    cut = tg.prefix_token_table(_merge_encoding(), 258)  # ids 258 .. 260 are beyond it
+    assert cut[256] == ord("a") and cut[257] == 256 and cut.shape == (258,)
+    assert torch.equal(tg.prefix_token_table(_merge_encoding(), 257)[256:], torch.tensor([ord("a")]))
+
+
+@pytest.mark.skipif(_gpt2_cache_dir() is None, reason="tiktoken's gpt2 files are not available offline")
+def test_prefix_token_table_on_gpt2(monkeypatch):
+    """GPT-2's table (the speedrun's 50304 rows) against a check of every token by tiktoken's own lookup: each
+    entry's bytes are a proper prefix of its token's and a token, and no longer proper prefix is a token; -1
+    exactly where no proper prefix is (the 256 bytes among them), at end-of-text and in the padding rows."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(_gpt2_cache_dir()))
+    enc = tg.load_gpt2()
+    t = tg.prefix_token_table(enc, 50304).tolist()
+    assert t[50256:] == [-1] * 48
+    for i in range(50256):
+        b = enc.decode_single_token_bytes(i)
+        longer = []
+        for n in range(1, len(b)):
+            try:
+                longer.append(enc.encode_single_token(b[:n]))
+            except KeyError:
+                pass
+        assert t[i] == (longer[-1] if longer else -1), i
+    assert sum(v < 0 for v in t[:256]) == 256
+
+
+def test_loss_weights_at_carry_the_prefix_weight_last():
+    """--prefix-loss appends record #88's weight to each step's multi-token weights: 0.25 through stage 0, 0.25
+    -> 0 over stage 1 (linear), 0 after; without it the weights are the multi-token ones, zero-padded to K."""
+    hp = tg.Hyperparameters()
+    b = tg.stage_bounds(hp)
+    assert tg.loss_weights_at(hp, 0, 3) == tg.mtp_weights_at(hp, 0) == (1.0, 0.5, 0.25)
+    assert tg.loss_weights_at(hp, b[2][0], 3) == (1.0, 0.0, 0.0)
+    on = dataclasses.replace(hp, prefix_loss=True)
+    assert tg.loss_weights_at(on, 0, 3) == (1.0, 0.5, 0.25, 0.25)
+    assert tg.loss_weights_at(on, b[0][1] - 1, 3)[3] == 0.25
+    s1, e1 = b[1][0], b[1][1]
+    assert tg.loss_weights_at(on, s1, 3)[3] == 0.25
+    assert tg.loss_weights_at(on, (s1 + e1) // 2, 3)[3] == pytest.approx(0.25 * (1 - ((s1 + e1) // 2 - s1) / (e1 - s1)))
+    assert tg.loss_weights_at(on, b[2][0], 3) == (1.0, 0.0, 0.0, 0.0)
+    assert tg.loss_weights_at(on, hp.total_steps - 1, 3)[3] == 0.0
+
+
+def test_prefix_loss_train_step_scores_the_prefix_tokens(monkeypatch):
+    """build_fns' train_step with --prefix-loss is the head's loss with (2, T) targets: the next tokens and their
+    prefix tokens (prefix_token_table of the encoding load_gpt2 gives), the prefix term weighted by the last
+    weight: against the same layers' output scored by an independent float64 sum over the rows."""
+    monkeypatch.setattr(tg, "load_gpt2", _merge_encoding)
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=384, bos_id=261, prefix_loss=True,
+                                  **TWO_LAYERS)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False)
+    params = _perturbed_params(hp, seed=3)
+    with torch.no_grad():  # logits far apart, so that a term scored on the wrong row or column shows
+        params["lm_head"].mul_(40.0)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 262, (129,), generator=g)
+    ids[[5, 9, 40, 41]] = torch.tensor([256, 258, 260, 257])  # targets with prefix tokens (and one after BOS)
+    ids[0] = 261
+    batch = tg.MicroBatch(ids=ids[:-1].to(torch.int32), targets=ids[1:].to(torch.int64))
+    w = torch.tensor([1.0, 0.5, 0.25, 0.375])
+    windows = tg.windows_at(hp, 0)
+    got = tg.forward(hp, params, fns, batch, windows, {}, train=True, mtp=w)
+    x = tg.model_inputs(hp, params, fns, batch, windows, {}, None, None)
+    h = tg.rms_norm(fns.layers(x.params, x.e, x.ves, x.big, x.ids, x.cu, x.tables)).double()
+    z = hp.softcap * torch.sigmoid((h @ params["lm_head"].double() + 5) / 7.5)
+    lse = torch.logsumexp(z, dim=1)
+    t, pre = batch.targets, tg.prefix_token_table(_merge_encoding(), hp.vocab_size)
+    N = len(t)
+    total = 0.0
+    for r in range(N):
+        for k in range(3):
+            if r + k < N:
+                total += w[k].item() * (lse[r] - z[r, t[r + k]])
+        if pre[t[r]] >= 0:
+            total += w[3].item() * (lse[r] - z[r, pre[t[r]]])
+    assert sum(pre[t] >= 0) >= 4
+    torch.testing.assert_close(got.double(), total / N, rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_loss_flag_and_resume():
+    """--prefix-loss is off by default; it changes the loss, so --resume refuses it against a checkpoint without it,
+    and a checkpoint from before the flag resumes as --no-prefix-loss (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().prefix_loss is False
+    assert _flags(["--smoke", "--prefix-loss"])[1].prefix_loss is True
+    _check_added_setting_resumes_off("prefix_loss")
