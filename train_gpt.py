@@ -1607,8 +1607,8 @@ class Trainer:
         first.record()
         t0 = time.perf_counter()
         self.micro_step(step, mb, windows_at(self.hp, step), head8)
+        host = (time.perf_counter() - t0) * 1e3  # before the end event is queued: its device time cannot precede it
         last.record()
-        host = (time.perf_counter() - t0) * 1e3
         last.synchronize()
         return host, first.elapsed_time(last)
 

@@ -1463,7 +1463,8 @@ def test_launch_probes_take_the_first_step_of_each_micro_batch_length_then_reset
 def test_launch_probe_times_the_host_and_the_device_apart(smoke_data):
     """Spec of Trainer.launch_probe: one micro-batch's forward and backward, host time = the wall time to queue
     them, device time = from the device's first to its last kernel of them. Without a hold the device waits on the
-    host, so its time is at least the host's (it cannot end before the last kernel is queued); with the device
+    host, so its time is at least the host's (its end event is queued after the host's clock stops, so a host
+    descheduled meanwhile cannot make the host's time the longer); with the device
     held busy meanwhile, the hold is not counted (the smoke model runs in far less than the 300 ms hold). The
     gradient lands in the accumulators, and the probe leaves the parameters as they were."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
