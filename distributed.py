@@ -1,7 +1,11 @@
 """The run's processes: ``Dist`` (rank, world size, device), ``setup_distributed`` (torchrun's environment: NCCL on
 GPUs, gloo on the CPU) and the two collectives the optimizer uses, asynchronous, with gloo's stand-ins for the
-``*_tensor`` collectives it lacks (the CPU runs of the tests: tests/test_world_sizes.py)."""
+``*_tensor`` collectives it lacks (the CPU runs of the tests: tests/test_world_sizes.py). Under torchrun a rank
+ends when torchrun ends (``end_with_the_launcher``)."""
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +23,27 @@ class Dist:
         return self.world > 1 and dist.get_backend() == "gloo"
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_the_launcher(environ=None):
+    """Under torchrun (TORCHELASTIC_RUN_ID set), on Linux: this process gets SIGTERM when its parent, torchrun's
+    agent, ends. torchrun starts each rank in a process session of its own, so without this a rank outlives a
+    torchrun that was killed (SIGKILL, a time limit's kill, a closed job) and keeps its GPU busy, unseen. A
+    launcher already gone (parent pid 1) ends this process at once. Returns whether the signal was set."""
+    environ = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" not in environ or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1:  # torchrun ended before the prctl: no signal would come
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
 def setup_distributed():
+    end_with_the_launcher()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

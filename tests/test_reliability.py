@@ -3,7 +3,7 @@
 --keep-last, Ctrl-C before any checkpoint, logs never overwritten (a taken --run-id), every setting checked before
 any file is opened (one line naming the flag, exit code 2), --resume refusing a checkpoint of another run,
 --vocab-from-data never taking a stray id for the document separator, a run that fails after its log opened
-marked in the log, and one printed error under torchrun. CPU; in process except where the process itself
+marked in the log, one printed error under torchrun, and ranks that end when torchrun is killed. CPU; in process except where the process itself
 (a SIGKILL, torchrun's ranks) is what is tested.
 """
 import io
@@ -398,6 +398,89 @@ def test_torchrun_error_is_printed_once_without_our_traceback(tmp_path):
     assert res.returncode != 0
     assert text.count("train_gpt.py: error: no shard files match") == 1, text
     assert 'train_gpt.py", line' not in text and "exitcode  : 2" in text, text
+
+
+def _process_ended(pid):
+    """True once pid is gone or a zombie (a rank reparented to an init that does not reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _children_of(pid):
+    """Pids of the processes whose parent is pid (torchrun's ranks)."""
+    kids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+@pytest.mark.parametrize("under_torchrun", [True, False], ids=["torchrun", "no_torchrun"])
+def test_a_process_set_to_end_with_its_launcher_ends_when_the_launcher_is_killed(tmp_path, under_torchrun):
+    """Spec of distributed.end_with_the_launcher: in a process started by torchrun (TORCHELASTIC_RUN_ID set), in
+    a process session of its own as torchrun starts its ranks, the process ends (SIGTERM) when its parent is
+    killed with SIGKILL. Without torchrun's variable it is not set, and the process lives on: the control that
+    shows the test can see a survivor."""
+    child = ("import sys, time; sys.path.insert(0, sys.argv[1]); import distributed; "
+             "print(distributed.end_with_the_launcher(), flush=True); time.sleep(120)")
+    parent = ("import os, subprocess, sys, time; env = dict(os.environ); "
+              + ("env['TORCHELASTIC_RUN_ID'] = 'test'; " if under_torchrun else "env.pop('TORCHELASTIC_RUN_ID', None); ")
+              + f"p = subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]], env=env, start_new_session=True); "
+              "print(p.pid, flush=True); time.sleep(120)")
+    launcher = subprocess.Popen([sys.executable, "-c", parent, str(REPO)], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        pid = int(launcher.stdout.readline())
+        assert launcher.stdout.readline().strip() == str(under_torchrun)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while not _process_ended(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _process_ended(pid) == under_torchrun
+    finally:
+        launcher.kill()
+        if pid is not None and not _process_ended(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_killing_torchrun_ends_its_training_ranks(data, tmp_path):
+    """Two gloo ranks training under torchrun (a schedule far longer than the test): torchrun killed with SIGKILL
+    (a time limit's kill, a closed job) cannot stop its ranks itself, and they run in sessions of their own; both
+    end within seconds all the same, so no rank keeps its device busy after its launcher is gone."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    log = tmp_path / "torchrun.txt"
+    with open(log, "w") as out:
+        torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     "--nproc_per_node=2", str(REPO / "train_gpt.py"),
+                                     *_smoke_argv(data, tmp_path, "orphan", "--steps", "100000", "--val-every", "0")],
+                                    cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    ranks = []
+    try:
+        deadline = time.monotonic() + 240
+        while "step:2/" not in log.read_text() and time.monotonic() < deadline and torchrun.poll() is None:
+            time.sleep(0.2)
+        assert "step:2/" in log.read_text(), log.read_text()[-2000:]
+        ranks = _children_of(torchrun.pid)
+        assert len(ranks) == 2, ranks
+        torchrun.kill()
+        torchrun.wait()
+        deadline = time.monotonic() + 20
+        while not all(map(_process_ended, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(map(_process_ended, ranks)), [r for r in ranks if not _process_ended(r)]
+    finally:
+        torchrun.kill()
+        for r in ranks:
+            if not _process_ended(r):
+                os.kill(r, signal.SIGKILL)
 
 
 def test_no_rank_leaves_process_group_setup_before_all_have_joined(monkeypatch):
