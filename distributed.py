@@ -26,13 +26,12 @@ class Dist:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def end_with_the_launcher(environ=None):
+def end_with_the_launcher():
     """Under torchrun (TORCHELASTIC_RUN_ID set), on Linux: this process gets SIGTERM when its parent, torchrun's
     agent, ends. torchrun starts each rank in a process session of its own, so without this a rank outlives a
     torchrun that was killed (SIGKILL, a time limit's kill, a closed job) and keeps its GPU busy, unseen. A
     launcher already gone (parent pid 1) ends this process at once. Returns whether the signal was set."""
-    environ = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" not in environ or not sys.platform.startswith("linux"):
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:

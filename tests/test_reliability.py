@@ -3,8 +3,8 @@
 --keep-last, Ctrl-C before any checkpoint, logs never overwritten (a taken --run-id), every setting checked before
 any file is opened (one line naming the flag, exit code 2), --resume refusing a checkpoint of another run,
 --vocab-from-data never taking a stray id for the document separator, a run that fails after its log opened
-marked in the log, one printed error under torchrun, and ranks that end when torchrun is killed. CPU; in process except where the process itself
-(a SIGKILL, torchrun's ranks) is what is tested.
+marked in the log, one printed error under torchrun, and ranks that end when torchrun is killed. CPU; in process
+except where the process itself (a SIGKILL, torchrun's ranks) is what is tested.
 """
 import io
 import os
@@ -400,10 +400,15 @@ def test_torchrun_error_is_printed_once_without_our_traceback(tmp_path):
     assert 'train_gpt.py", line' not in text and "exitcode  : 2" in text, text
 
 
+def _stat(pid):
+    """The fields of /proc/PID/stat after the parenthesised command name: [0] the state, [1] the parent's pid."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _process_ended(pid):
     """True once pid is gone or a zombie (a rank reparented to an init that does not reap)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        return _stat(pid)[0] in ("Z", "X")
     except (FileNotFoundError, ProcessLookupError):
         return True
 
@@ -413,7 +418,7 @@ def _children_of(pid):
     kids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if proc.name.isdigit() and int(_stat(proc.name)[1]) == pid:
                 kids.append(int(proc.name))
         except (OSError, ValueError):
             continue
@@ -429,10 +434,10 @@ def test_a_process_set_to_end_with_its_launcher_ends_when_the_launcher_is_killed
     shows the test can see a survivor."""
     child = ("import sys, time; sys.path.insert(0, sys.argv[1]); import distributed; "
              "print(distributed.end_with_the_launcher(), flush=True); time.sleep(120)")
-    parent = ("import os, subprocess, sys, time; env = dict(os.environ); "
-              + ("env['TORCHELASTIC_RUN_ID'] = 'test'; " if under_torchrun else "env.pop('TORCHELASTIC_RUN_ID', None); ")
-              + f"p = subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]], env=env, start_new_session=True); "
-              "print(p.pid, flush=True); time.sleep(120)")
+    env = ("env['TORCHELASTIC_RUN_ID'] = 'test'; " if under_torchrun else "env.pop('TORCHELASTIC_RUN_ID', None); ")
+    parent = ("import os, subprocess, sys, time; env = dict(os.environ); " + env
+              + f"p = subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]], env=env, "
+              "start_new_session=True); print(p.pid, flush=True); time.sleep(120)")
     launcher = subprocess.Popen([sys.executable, "-c", parent, str(REPO)], stdout=subprocess.PIPE, text=True)
     pid = None
     try:
