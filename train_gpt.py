@@ -47,6 +47,7 @@ import gc
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -436,7 +437,8 @@ def init_params(hp, device, seed):
         "ve_gate": torch.zeros(sum(t >= 0 for t in hp.ve_tables), H, G),  # per layer with a value embedding
         "lm_head": head,  # (C, V): stored transposed
         "value_embeds": torch.randn(hp.num_ve * V, C, generator=g) * 0.01,  # the num_ve tables, stacked
-        "bigram_embed": torch.zeros(hp.bigram_vocab_size, C),  # zero-initialised, as in the public record
+        # zero-initialised, as in the public record; made on the device (the largest table: no host copy)
+        "bigram_embed": torch.zeros(hp.bigram_vocab_size, C, device=device),
         "embed": head.T.contiguous(),  # tied to lm_head at init
         "attn_bank": uniform(n_attn * 4, C, C),  # [Wq, Wk, Wv, Wo] per attention layer
         "mlp_bank": mlp.reshape(L * 2, hp.mlp_dim, C),  # [W_fc, W_proj^T] per layer
@@ -1511,13 +1513,17 @@ class Trainer:
     def __init__(self, hp, d, train_files, val_files, lap=lambda phase: None):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
-        self.params = init_params(hp, d.device, hp.seed)
+        # The parameters are drawn on a second thread while build_fns imports and wraps the compiler (each a few
+        # seconds on a GPU host): torch's ops release the GIL, and init_params draws from its own generator, so the
+        # values are those of a serial start.
+        with ThreadPoolExecutor(1, thread_name_prefix="init_params") as pool:
+            drawn = pool.submit(init_params, hp, d.device, hp.seed)
+            self.fns = build_fns(hp, d.device, hp.compile)
+            self.params = drawn.result()
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
-        lap("parameters")
+        lap("parameters and model functions")
         self.opt = Optimizer(hp, self.params, d)
         lap("optimizer")
-        self.fns = build_fns(hp, d.device, hp.compile)
-        lap("model functions")
         self.loader = TrainLoader(hp, train_files, d, lambda s: micro_tokens_at(hp, s))
         self.val_tokens = load_shard(val_files[0], mmap=True)
         # Validation: whole global micro-batches of val_micro_tokens (+1), a multiple of SLOTS.

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -195,8 +196,8 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     startup = re.search(r"^startup_s: (\S+) \(from (?:the launch|main) to the compile warmup: (.*)\)$", sections[2],
                         re.M)
     phases = dict(p.rsplit(" ", 1) for p in startup[2].split(", "))
-    assert list(phases)[-7:] == ["process group", "shards and log", "compile cache", "parameters", "optimizer",
-                                 "model functions", "loaders"]
+    assert list(phases)[-6:] == ["process group", "shards and log", "compile cache", "parameters and model functions",
+                                 "optimizer", "loaders"]
     assert abs(sum(map(float, phases.values())) - float(startup[1])) <= 0.05 * len(phases) + 0.05
     assert sections[2].index("startup_s:") < sections[2].index("compile_warmup_s:")
 
@@ -432,6 +433,41 @@ def test_resume_gpu(gpu_runs):
     assert {s: sa[s] for s in sr} == sr, "train losses after resume differ"
     assert vr and {s: va[s] for s in vr} == vr, "val losses after resume differ"
     _assert_same_checkpoint(ca, cr)
+
+
+def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smoke_data, monkeypatch):
+    """Trainer draws the parameters on a thread of its own while build_fns runs: the values are init_params' with
+    the same seed drawn alone (its generator is its own; a draw from the global generator would differ here, since
+    the main thread draws from it meanwhile), and an error in the thread reaches the caller."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), seed=3)
+    cpu = Dist(device=torch.device("cpu"))
+    real_init, real_build, threads = tg.init_params, tg.build_fns, []
+
+    def init_params(*args):
+        threads.append(threading.current_thread())
+        return real_init(*args)
+
+    def build_fns(*args):
+        torch.rand(1000)  # the global generator moves while the parameters are drawn
+        return real_build(*args)
+    monkeypatch.setattr(tg, "init_params", init_params)
+    monkeypatch.setattr(tg, "build_fns", build_fns)
+    tr = tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
+    tr.loader.close()
+    assert threads and threads[0] is not threading.main_thread()
+    alone = real_init(hp, torch.device("cpu"), 3)
+    assert list(tr.params) == list(alone)
+    for k, v in alone.items():
+        assert torch.equal(tr.params[k].detach(), v.detach()), k
+        assert torch.equal(tr.initial[k], v.detach()), k
+        assert tr.params[k].is_leaf and tr.params[k].requires_grad, k
+
+    def broken(*args):
+        raise RuntimeError("out of memory while drawing")
+    monkeypatch.setattr(tg, "init_params", broken)
+    with pytest.raises(RuntimeError, match="out of memory while drawing"):
+        tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
 
 
 def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_data, monkeypatch):
