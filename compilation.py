@@ -11,6 +11,10 @@ line. ``log_compilation`` writes these after the warmup.
 --compile-cache PATH (``CompileCache``, opened before anything compiles): compiled artefacts kept between
 processes, stamped with the versions, the GPU and the hash of the code that ran.
 
+``AheadProcess``: a second process that compiles a graph into the compile caches this process reads, while this
+one compiles another (train_gpt.py: the validation step, beside the training step's compile): this process then
+loads that graph from the cache instead of compiling it after the training step.
+
 ``cpp_wrapper_options()``: the training step's inductor options under --cpp-wrapper, an opt-in outside the public
 speedrun's rules (no compile options beyond record #74's); it first installs what torch 2.11's C++ launcher needs
 (``int_arrays_keyed_by_their_buffer``, kernels.mlp's ``scratch_per_program_in_cpp_wrapper``). The default
@@ -22,6 +26,8 @@ import json
 import os
 import platform
 import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +43,10 @@ from run_log import dir_bytes, source_dump
 # forward's kernel of the same name. build_separate: the launcher's C++ entry built at -O1 apart from its kernel
 # declarations, not all in one file at -O3 (a shorter cold compile, steps no slower).
 CPP_WRAPPER_OPTIONS = {"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
+
+# How long the compile warmup waits, when it needs the graph, for an AheadProcess still compiling it (the validation
+# step compiles in about 15 s; its process starts before the training step's compile, which takes a minute or more)
+AHEAD_WAIT_S = 120.0
 
 
 def int_arrays_keyed_by_their_buffer():
@@ -237,6 +247,41 @@ def log_compilation(log, phases, metrics, cache, d):
             dist.barrier()
 
 
+class AheadProcess:
+    """A second process compiling ``what`` into the compile caches: ``command`` started at once in ``cwd`` with
+    ``spec`` as JSON on its stdin, its output kept in a temporary file. ``finish(timeout)`` waits for it and returns
+    the log's ``compile_ahead:`` line: compiled (its seconds from the start), failed (its exit code and last output
+    line), or still running after timeout more seconds, then ended. Where it did not compile, this process compiles
+    the graph itself as it would have anyway; the other process's cache entries are written whole or not at all."""
+
+    def __init__(self, what, command, spec, cwd):
+        self.what, self.t0 = what, time.perf_counter()
+        self.out = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=self.out,
+                                     stderr=subprocess.STDOUT)
+        try:
+            self.proc.stdin.write(json.dumps(spec).encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:  # it ended before reading: finish() reports its exit code and output
+            pass
+
+    def finish(self, timeout):
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return f"compile_ahead: {self.what}: the second process was still running {timeout:.0f} s later: " \
+                   f"ended, compiling here"
+        wall = time.perf_counter() - self.t0
+        if rc == 0:
+            return f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start"
+        self.out.seek(0)
+        lines = [x for x in self.out.read().decode(errors="replace").splitlines() if x.strip()]
+        return (f"compile_ahead: {self.what}: the second process failed (exit code {rc}: "
+                f"{lines[-1].strip() if lines else 'no output'}), compiling here")
+
+
 class Compilation:
     """The compile side of one run (enabled: hp.compile, always off on the CPU). Made before anything compiles:
     opens --compile-cache PATH (rank 0 reads the stamp, and empties a stale cache, before the other ranks look;
@@ -246,7 +291,7 @@ class Compilation:
 
     def __init__(self, enabled, cache_path, d, log):
         self.enabled, self.d, self.log = enabled, d, log
-        self.cache, self.graphs = None, 0
+        self.cache, self.graphs, self.ahead = None, 0, None
         if cache_path and not enabled:
             log(f"compile_cache: --compile-cache {cache_path} not used (nothing is compiled)")
         elif cache_path:
@@ -257,6 +302,18 @@ class Compilation:
                 dist.barrier()
             if d.rank != 0:
                 self.cache.open()
+
+    def start_ahead(self, what, command, spec, cwd):
+        """Start an AheadProcess compiling ``what``, unless nothing compiles here or the caches came loaded from
+        --compile-cache (every graph is there already)."""
+        if self.enabled and not (self.cache is not None and self.cache.loaded):
+            self.ahead = AheadProcess(what, command, spec, cwd)
+
+    def ahead_done(self, timeout=AHEAD_WAIT_S):
+        """Before compiling the AheadProcess's graph here: wait for it (at most timeout s) and log its line."""
+        if self.ahead is not None:
+            self.log(self.ahead.finish(timeout))
+            self.ahead = None
 
     def warmup(self, run):
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines

@@ -26,19 +26,25 @@ class Dist:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def end_with_the_launcher():
-    """Under torchrun (TORCHELASTIC_RUN_ID set), on Linux: this process gets SIGTERM when its parent, torchrun's
-    agent, ends. torchrun starts each rank in a process session of its own, so without this a rank outlives a
-    torchrun that was killed (SIGKILL, a time limit's kill, a closed job) and keeps its GPU busy, unseen. A
-    launcher already gone (parent pid 1) ends this process at once. Returns whether the signal was set."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+def end_with_the_parent():
+    """On Linux: this process gets SIGTERM when its parent ends; a parent already gone (parent pid 1) ends it at
+    once. Returns whether the signal was set (not on other systems)."""
+    if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         return False
-    if os.getppid() == 1:  # torchrun ended before the prctl: no signal would come
+    if os.getppid() == 1:  # the parent ended before the prctl: no signal would come
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+def end_with_the_launcher():
+    """Under torchrun (TORCHELASTIC_RUN_ID set), on Linux: this process gets SIGTERM when its parent, torchrun's
+    agent, ends (end_with_the_parent). torchrun starts each rank in a process session of its own, so without this
+    a rank outlives a torchrun that was killed (SIGKILL, a time limit's kill, a closed job) and keeps its GPU busy,
+    unseen. Returns whether the signal was set."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and end_with_the_parent()
 
 
 def setup_distributed():

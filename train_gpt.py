@@ -34,6 +34,8 @@ micro-batch length and the documents' length bound are dynamic sizes too: one tr
 (model_inputs marks them). Attention (kernels/attention.py:
 FlashAttention's varlen kernels), the FP8 head with its loss and the fused MLP (kernels/mlp.py) are custom ops in
 the region; the fused MLP's are Triton ops, whose kernels AOT autograd traces into it as user-defined Triton kernels.
+While the compile warmup compiles the training step, a second process compiles the validation step into the same
+caches (compile_validation_ahead), and the warmup's validation then loads it.
 
 Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
 group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
@@ -44,9 +46,12 @@ computes the same step up to fp32 summation order. CPU: the kernels' PyTorch ref
 """
 import dataclasses
 import gc
+import json
 import math
 import os
+import sys
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -68,7 +73,7 @@ from compilation import Compilation, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
 from data.prepare_text import load_gpt2
 from data.shards import ShardError, load_shard
-from distributed import all_gather_rows, reduce_scatter_sum, setup_distributed
+from distributed import Dist, all_gather_rows, end_with_the_parent, reduce_scatter_sum, setup_distributed
 from evaluation import HellaSwag, evaluate_hellaswag, hellaswag_scores, real_vocab, sample
 from flags import SettingsError
 from kernels.attention import DocSeq, dense_attend, doc_cu_seqlens, doc_ids, flash_attend
@@ -1634,11 +1639,12 @@ class Trainer:
         return (total / n).item()
 
 
-def warmup(trainer, log=None):
+def warmup(trainer, log=None, ahead=lambda: None):
     """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
     every micro-batch shape (the first stage's with and without the slow Adam groups; with --dynamic-tokens only
     the first compiles, the others run for their first launches), the untie and an untied slow step, a validation
-    micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. With --dynamic-tokens the
+    micro-batch (after ahead(): waiting for the second process that compiled its graph meanwhile, see
+    compile_validation_ahead) and (--hellaswag-every) a HellaSwag pack; then a full state reset. With --dynamic-tokens the
     longest micro-batch goes first: inductor takes its kernels' size hints from the length it compiles at and
     picks each kernel's configuration once, at its first launch, and the longest stages take most of a run's time.
     Returns [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
@@ -1674,8 +1680,11 @@ def warmup(trainer, log=None):
     if trainer.opt.tied and last is not None:
         trainer.loader.rewind(last)
         timed(f"untie + untied step {last}", lambda: trainer.train_step(last, want_loss=False))
-    timed(f"validation T={hp.val_micro_tokens}",
-          lambda: trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1))
+
+    def validation():
+        ahead()
+        trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
+    timed(f"validation T={hp.val_micro_tokens}", validation)
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
         hs = trainer.hellaswag
         model = model_logits(hp, trainer.params, trainer.fns, trainer.rot_cache)
@@ -1710,6 +1719,40 @@ def checkpoint_saved_line(rank, path, t0):
     return f"checkpoint_saved: {path} {dir_bytes(path) / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s"
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+AHEAD_ENTRY = "import train_gpt; train_gpt.compile_validation_ahead()"  # run in HERE, the spec on stdin
+
+
+def validation_ahead_spec(hp, args, d, train_files, val_files):
+    """What compile_validation_ahead needs to make this run's validation step: the settings (no HellaSwag: its
+    examples are not read there), this rank's device, the shards, and --deterministic (torch's deterministic
+    algorithms are part of inductor's cache key)."""
+    return {"hp": dataclasses.asdict(dataclasses.replace(hp, hellaswag_every=0)), "device": str(d.device),
+            "train_files": [str(f) for f in train_files], "val_files": [str(f) for f in val_files],
+            "deterministic": args.deterministic}
+
+
+def compile_validation_ahead():
+    """The second process of a compiling run (train: Compilation.start_ahead, started before the Trainer): with the
+    run's settings from stdin (validation_ahead_spec) it makes a Trainer on the run's device and validates one
+    micro-batch, as the compile warmup will. Its validation step's graph goes into the compile caches while the run
+    compiles its training step, and the run's own validation step then loads it (a cache hit) instead of compiling
+    it. It ends with the run (end_with_the_parent)."""
+    spec = json.load(sys.stdin)
+    end_with_the_parent()
+    set_up_process(types.SimpleNamespace(deterministic=spec["deterministic"]))
+    hp = saved_hyperparameters("the run's settings", {"hyperparameters": spec["hp"]}, Hyperparameters, Stage)
+    device = torch.device(spec["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    trainer = Trainer(hp, Dist(device=device), spec["train_files"], spec["val_files"])
+    try:
+        loss = trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
+    finally:
+        trainer.loader.close()
+    print(f"validation_ahead: loss {loss!r} on one micro-batch", flush=True)  # the run's log shows none of it
+
+
 def train(hp, args, d, startup):
     """One training run: files, --resume check, log, compile warmup, the timed steps with validations, HellaSwag
     and checkpoints (the clock stops during each), the footer. A failure after the log opened ends it with
@@ -1721,6 +1764,8 @@ def train(hp, args, d, startup):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
+        compiling.start_ahead("validation step", [sys.executable, "-c", AHEAD_ENTRY],
+                              validation_ahead_spec(hp, args, d, train_files, val_files), HERE)
         startup.lap("compile cache")
         trainer = Trainer(hp, d, train_files, val_files, startup.lap)
         fns = trainer.fns
@@ -1732,7 +1777,7 @@ def train(hp, args, d, startup):
         log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         log(startup.line())
-        compiling.warmup(lambda: warmup(trainer, log))
+        compiling.warmup(lambda: warmup(trainer, log, compiling.ahead_done))
         if hp.profile_steps > 0 and d.device.type == "cuda":
             launch_probes(trainer, log)
         if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)

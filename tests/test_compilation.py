@@ -3,6 +3,9 @@ compile report's lines and cache states, and a run's Compilation without compila
 --compile-cache and no compilation is tested in test_train_gpt.py."""
 import json
 import os
+import re
+import sys
+import time
 import types
 
 import pytest
@@ -167,3 +170,62 @@ def test_int_array_names_are_keyed_by_the_buffer_they_were_written_to(monkeypatc
     again = w.codegen_int_array_var("{3072L, 1L}", top.writeline)
     assert again != in_scope and again in "".join(top.lines), "a scoped declaration named at the top level"
     assert w.codegen_int_array_var("{768L, 1L}", top.writeline, graph=object()) != first
+
+
+def _ahead(tmp_path, code, spec=None):
+    """An AheadProcess running `code` in Python, its spec {"x": 1} unless given."""
+    return compilation.AheadProcess("the graph", [sys.executable, "-c", code], spec or {"x": 1}, str(tmp_path))
+
+
+def test_ahead_process_gets_its_spec_on_stdin_in_its_folder_and_reports_done(tmp_path):
+    """The command runs in cwd with the spec as JSON on its stdin; finish() waits for it and says it compiled."""
+    ahead = _ahead(tmp_path, "import json, sys, pathlib; pathlib.Path('got.json').write_text(sys.stdin.read())",
+                   {"hp": {"seed": 3}, "files": ["a", "b"]})
+    line = ahead.finish(60)
+    assert re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done \d+\.\d s after its start",
+                        line), line
+    assert json.loads((tmp_path / "got.json").read_text()) == {"hp": {"seed": 3}, "files": ["a", "b"]}
+
+
+def test_ahead_process_that_fails_is_reported_with_its_exit_code_and_last_line(tmp_path):
+    """A failure is one line: exit code and the last non-empty line it printed (stdout or stderr); a process that
+    ends before reading its stdin is reported the same way."""
+    code = "import sys; print('loading'); print('RuntimeError: CUDA out of memory', file=sys.stderr); sys.exit(3)"
+    assert _ahead(tmp_path, code).finish(60) == ("compile_ahead: the graph: the second process failed (exit code 3: "
+                                                "RuntimeError: CUDA out of memory), compiling here")
+    silent = _ahead(tmp_path, "import os; os._exit(1)", {"big": "x" * 10 ** 6})  # a full pipe, nobody reading
+    assert silent.finish(60) == ("compile_ahead: the graph: the second process failed (exit code 1: no output), "
+                                 "compiling here")
+
+
+def test_ahead_process_still_running_at_the_timeout_is_ended(tmp_path):
+    ahead = _ahead(tmp_path, "import time; time.sleep(60)")
+    t0 = time.perf_counter()
+    line = ahead.finish(0.5)
+    assert time.perf_counter() - t0 < 20
+    assert line == ("compile_ahead: the graph: the second process was still running 0 s later: ended, compiling "
+                    "here")
+    assert ahead.proc.poll() is not None, "the process was left running"
+
+
+def test_compilation_starts_an_ahead_process_only_where_it_compiles_a_graph(tmp_path, compiler_caches):
+    """start_ahead starts nothing without compilation or with caches loaded from --compile-cache (every graph is
+    there); otherwise ahead_done waits for it and logs its line once."""
+    d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    args = ("validation step", [sys.executable, "-c", "import sys; sys.stdin.read()"], {}, str(tmp_path))
+    lines = []
+    off = Compilation(False, None, d, lines.append)
+    off.start_ahead(*args)
+    off.ahead_done()
+    assert off.ahead is None and lines == []
+    CompileCache(tmp_path / "cc", CompileCache.current_stamp(d.device)).open().save()
+    loaded = Compilation(True, str(tmp_path / "cc"), d, lines.append)
+    assert loaded.cache.loaded
+    loaded.start_ahead(*args)
+    assert loaded.ahead is None
+    on = Compilation(True, None, d, lines.append)
+    on.start_ahead(*args)
+    assert on.ahead is not None
+    on.ahead_done()
+    on.ahead_done()
+    assert len(lines) == 1 and lines[0].startswith("compile_ahead: validation step: compiled by a second process")

@@ -333,6 +333,7 @@ def _gpu_runs(d):
     _make_shard(d / "det_val_000000.bin", 40_000, 3, bos=50256)
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(d / "inductor")  # run "a" compiles cold (its validation step aside)
     if _gpt2_cache_dir() is not None:  # run "opt_in"'s --prefix-loss reads them
         env["TIKTOKEN_CACHE_DIR"] = str(_gpt2_cache_dir())
 
@@ -388,6 +389,24 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     assert sorted(so) == sorted(sa) and sorted(vo) == sorted(va)
     assert so == sa and vo == va, "loss lines differ with --no-embed-grad-to-acc --cpp-wrapper"
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
+def test_validation_step_compiled_by_the_second_process_is_a_cache_hit_gpu(gpu_runs):
+    """Run "a" compiles cold (gpu_runs: an inductor cache of its own, empty): its training-step graphs miss the FX
+    graph cache, and its validation step, compiled meanwhile by the second process (compile_validation_ahead,
+    --deterministic passed on), is a hit. A graph of the second process that differs from the run's (another
+    setting, input or guard) would miss here too."""
+    text = gpu_runs["a"][0]
+    assert re.search(r"^compile_ahead: validation step: compiled by a second process, done \d+\.\d s after its "
+                     r"start$", text, re.M), [x for x in text.splitlines() if x.startswith("compile_ahead")]
+    frames = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(
+        r"^compile_report: frame (\w+ \[\S+\]) .*; fx_graph_cache (\d+)/(\d+) hits", text, re.M)}
+    train = [v for k, v in frames.items() if k.startswith("train_step")]
+    val = [v for k, v in frames.items() if k.startswith("val_step")]
+    assert train and all(hits == 0 and n > 0 for hits, n in train), frames
+    assert val == [(1, 1)], frames
 
 
 # Every opt-in change to the model, its loss and its optimizer at once; --backout-layer 1: --mudd mixes that
@@ -468,6 +487,31 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
     monkeypatch.setattr(tg, "init_params", broken)
     with pytest.raises(RuntimeError, match="out of memory while drawing"):
         tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
+
+
+def test_validation_ahead_process_validates_as_the_run_does(smoke_data):
+    """compile_validation_ahead, started as the run starts it (AHEAD_ENTRY in train_gpt.py's folder, the spec of
+    validation_ahead_spec on stdin), rebuilds the run's settings (HellaSwag off) and validates the micro-batch the
+    compile warmup validates: its loss is bitwise the run's own Trainer.validate(max_micro=1)."""
+    hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
+                                  val_files=str(smoke_data / "smoke_val_*.bin"), seed=2, hellaswag_every=5)
+    d = Dist(device=torch.device("cpu"))
+    train_files, val_files = shard_files(hp.train_files), shard_files(hp.val_files)
+    spec = tg.validation_ahead_spec(hp, types.SimpleNamespace(deterministic=True), d, train_files, val_files)
+    rebuilt = checkpoints.saved_hyperparameters("spec", {"hyperparameters": json.loads(json.dumps(spec["hp"]))},
+                                                tg.Hyperparameters, tg.Stage)
+    assert rebuilt == dataclasses.replace(hp, hellaswag_every=0)
+    assert spec["device"] == "cpu" and spec["deterministic"] is True
+    res = subprocess.run([sys.executable, "-c", tg.AHEAD_ENTRY], cwd=tg.HERE, input=json.dumps(spec), text=True,
+                         capture_output=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ahead = float(re.search(r"^validation_ahead: loss (\S+) on one micro-batch$", res.stdout, re.M)[1])
+    tr = tg.Trainer(dataclasses.replace(hp, hellaswag_every=0), d, train_files, val_files)
+    try:
+        mine = tr.validate(tg.windows_at(hp, hp.total_steps - 1), max_micro=1)
+    finally:
+        tr.loader.close()
+    assert ahead == mine
 
 
 def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_data, monkeypatch):
