@@ -242,12 +242,14 @@ def load_checkpoint(path, params, opt, d):
 
 def saved_hyperparameters(path, state, hyperparameters, stage):
     """The hyperparameters of a checkpoint's state (dataclasses.asdict of the run's: tuples saved as lists), made
-    with the classes ``hyperparameters`` and ``stage`` (train_gpt.py's Hyperparameters and Stage)."""
+    with the classes ``hyperparameters`` and ``stage`` (train_gpt.py's Hyperparameters and Stage). A setting the
+    checkpoint lacks is ADDED_SETTINGS' value (what it computed), never the class's default."""
     saved = state["hyperparameters"]
 
     def tuples(row):
         return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
+    added = {k: v for k, v in ADDED_SETTINGS.items() if k not in saved}
     try:
-        return hyperparameters(**tuples(saved), stages=tuple(stage(**tuples(s)) for s in saved["stages"]))
+        return hyperparameters(**added, **tuples(saved), stages=tuple(stage(**tuples(s)) for s in saved["stages"]))
     except TypeError as e:  # a field this code does not know, or lacks
         raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None

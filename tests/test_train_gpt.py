@@ -2429,9 +2429,10 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
 
 
 def _check_added_setting_resumes_off(name):
-    """An opt-in setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses
-    a checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
-    is refused with it on; it is not among the settings a resumed run may change."""
+    """A setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses a
+    checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
+    is refused with it on, and --sample / --hellaswag (saved_hyperparameters) read it as off, whatever the
+    dataclass's default; it is not among the settings a resumed run may change."""
     hp = dataclasses.asdict(tg.smoke_hyperparameters())
     on = dict(hp, **{name: True})
     refused = f"--{name.replace('_', '-')} is False in the checkpoint, True in this run"
@@ -2441,6 +2442,8 @@ def _check_added_setting_resumes_off(name):
     checkpoints.check_same_settings("ckpt", before, hp, list(hp))
     with pytest.raises(checkpoints.CheckpointError, match=refused):
         checkpoints.check_same_settings("ckpt", before, on, list(on))
+    saved = checkpoints.saved_hyperparameters("ckpt", {"hyperparameters": before}, tg.Hyperparameters, tg.Stage)
+    assert getattr(saved, name) is checkpoints.ADDED_SETTINGS[name] is False
     assert name not in checkpoints.RESUME_MAY_DIFFER
 
 
