@@ -125,14 +125,15 @@ class Hyperparameters:
     backout_layer: int = 7  # the layer whose output (lane 0) is backed out
     fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
-    # opt-in model features (beyond record #74; off by default)
-    xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
-    one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
-    mudd: bool = False  # record #81 (with --one-stream): per-token MLPs mix earlier states into the last two layers
+    # model features of later public records (on by default; --no-<name> each for record #74's model)
+    xsa: bool = True  # record #82's learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's own-v part
+    one_stream: bool = True  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
+    mudd: bool = True  # record #81 (needs --one-stream): per-token MLPs mix earlier states into the last two layers
+    # opt-in model feature (beyond record #74; off by default)
     prefix_loss: bool = False  # record #88: also score each position on its target's prefix token (Stage.prefix)
-    # schedule
-    scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
-    extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
+    # schedule (record #82's; record #74's: --steps 1450 --extension-steps 40)
+    scheduled_steps: int = 1375  # steps of the staged lr / batch / window schedule
+    extension_steps: int = 10  # steps after the scheduled ones, at the final lr with the longest windows
     cooldown_frac: float = 0.6  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
     cooldown_floor: float = 0.15  # lr multiplier at the end of the cooldown
     untie_stage: int = 2  # embedding and LM head are untied after the first slow Adam step of this stage
@@ -144,7 +145,7 @@ class Hyperparameters:
     muon_warmup_steps: int = 300  # steps of the momentum warmup
     muon_cooldown_steps: int = 50  # last steps, where the momentum goes back from max to min
     muon_beta2: float = 0.95  # NorMuon second-moment decay
-    muon_qk_pairs: bool = False  # opt-in (record #80): Muon takes each pair of heads' rows of W_q, W_k as a matrix
+    muon_qk_pairs: bool = True  # record #80: Muon takes each pair of heads' rows of W_q, W_k as a matrix of its own
     muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
     mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
     # Adam for embeddings, head, gates, scalars
@@ -203,7 +204,8 @@ class Hyperparameters:
 
 
 def smoke_hyperparameters(**overrides):
-    """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
+    """Tiny model and schedule for the CPU smoke run, with record #74's layout (two lanes, no XSA, MUDD or Muon
+    Q/K pairs: each flag turns its feature on). The vocabulary and BOS come from the shards (see
     cli.fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
         val_tokens=8 * 256 * 2, val_micro_tokens=256, bos_id=511, vocab_size=512,
@@ -213,6 +215,7 @@ def smoke_hyperparameters(**overrides):
         final_long_window=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
         bigram_vocab_size=256, paired_head_layers=(0, 2), backout_layer=2,
+        one_stream=False, mudd=False, xsa=False, muon_qk_pairs=False,  # record #74's layout (the tests' model)
         adam_every=1)  # 10 steps are too few to learn the rule with half as many embedding updates
     return dataclasses.replace(hp, **overrides)
 

@@ -1074,9 +1074,11 @@ def test_checkpoint_from_before_xsa_resumes_bitwise_and_loads(tmp_path, device):
 def test_slow_adam_schedule():
     hp = tg.Hyperparameters(adam_every=2)
     assert [s for s in range(10) if tg.slow_adam_step(hp, s)] == [1, 3, 5, 7, 9]
-    assert tg.slow_adam_step(hp, hp.total_steps - 1) and hp.total_steps % 2 == 0
-    odd = dataclasses.replace(hp, scheduled_steps=hp.scheduled_steps + 1)
-    assert tg.slow_adam_step(odd, odd.total_steps - 1), "the last step always updates the slow groups"
+    # The last step always updates the slow groups. Record #82's 1385 steps end on an even step, 1384: a slow step
+    # only for being the last, right after 1383's (on its one step's gradients). Record #74's 1490 end on an odd one.
+    assert [s for s in range(1380, 1385) if tg.slow_adam_step(hp, s)] == [1381, 1383, 1384]
+    rec74 = dataclasses.replace(hp, scheduled_steps=1450, extension_steps=40)
+    assert [s for s in range(1485, 1490) if tg.slow_adam_step(rec74, s)] == [1485, 1487, 1489]
     assert [s for s in range(7) if tg.slow_adam_step(dataclasses.replace(hp, adam_every=3), s)] == [2, 5]
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
@@ -1091,18 +1093,20 @@ def test_slow_adam_schedule():
 
 def test_step_plan_follows_the_schedule_and_the_parameter_table():
     """The optimizer's plan of a step for the speedrun's schedule (adam_every=2; the untie after the first slow
-    Adam step of stage 2, record #74's odd step 967): the Muon banks step every step, the Adam rows at the odd
-    steps, in PARAMS order; the head is tied up to step 967; in the last backward every row that steps starts its
-    reduce-scatter but the embedding while tied (its gradient goes into the head's), and with the accumulate mode
-    (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the head (it waits for the embedding's)."""
+    Adam step of stage 2, the odd step 917 of record #82's schedule): the Muon banks step every step, the Adam rows
+    at the odd steps and the last (1384, even), in PARAMS order; the head is tied up to step 917; in the last
+    backward every row that steps starts its reduce-scatter but the embedding while tied (its gradient goes into
+    the head's), and with the accumulate mode (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the
+    head (it waits for the embedding's)."""
     hp = tg.Hyperparameters()
     muon = {"attn_bank", "mlp_bank"}
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
             "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
             "mudd_w2", "mudd_w1"}
     tables = {"embed", "value_embeds", "bigram_embed"}
-    for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
-                             (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
+    for step, slow, tied in ((0, False, True), (1, True, True), (916, False, True), (917, True, True),
+                             (918, False, False), (919, True, False), (1382, False, False), (1383, True, False),
+                             (1384, True, False)):
         for accs in (False, True):
             plan = tg.step_plan(hp, step, accs)
             assert plan.tied == tied, (step, accs)
@@ -2050,8 +2054,9 @@ def test_schedule_matches_the_public_record():
     """Record #74's TrainingSchedule: 1450 scheduled steps + 40, stages ending at round(1450 k / 3), cooldown over
     the last 60% (from int(1450 * 0.4) = 580), documents cut to 896 tokens in stage 0 and 2048 after, the
     embedding untied after the first odd (Adam) step of stage 2 (its split_step 967), the final validation's long
-    window 20 blocks with the last stage's YaRN, validation as 40 chunks of 262,144 tokens."""
-    hp = tg.Hyperparameters()
+    window 20 blocks with the last stage's YaRN, validation as 40 chunks of 262,144 tokens. (--steps 1450
+    --extension-steps 40; the default is record #82's: test_default_schedule_is_record_82s.)"""
+    hp = tg.Hyperparameters(scheduled_steps=1450, extension_steps=40)
     assert hp.total_steps == 1490
     bounds = tg.stage_bounds(hp)
     assert [(a, b) for a, b, _ in bounds] == [(0, 483), (483, 967), (967, 1450), (1450, 1490)]
@@ -2069,6 +2074,24 @@ def test_schedule_matches_the_public_record():
     assert tg.val_windows(hp, 1490) == ((6, 20), 13)
     assert all(tg.micro_tokens_at(hp, s) % tg.BLOCK == 0 for s in range(hp.total_steps))
     assert (hp.val_micro_tokens, hp.val_tokens // hp.val_micro_tokens) == (262_144, 40)
+
+
+def test_default_schedule_is_record_82s():
+    """The default schedule is public record #82's: 1375 scheduled steps + 10 (records #80, #81, #82 cut 10, 65 and
+    30 scheduled steps from record #74's 1450, the extension went from 40 to 10), with record #74's stage table:
+    stages ending at round(1375 k / 3), the cooldown from int(1375 * 0.4) = 550, the untie after stage 2's first
+    slow Adam step (917, odd; the last step, 1384, is one too: test_slow_adam_schedule)."""
+    hp = tg.Hyperparameters()
+    assert (hp.scheduled_steps, hp.extension_steps, hp.total_steps) == (1375, 10, 1385)
+    assert [(a, b) for a, b, _ in tg.stage_bounds(hp)] == [(0, 458), (458, 917), (917, 1375), (1375, 1385)]
+    assert [tg.micro_tokens_at(hp, s) for s in (0, 458, 917, 1384)] == [16384, 32768, 49152, 49152]
+    assert [tg.stage_at(hp, s)[1].max_doc_len for s in (0, 457, 458, 1384)] == [896, 896, 2048, 2048]
+    assert tg.lr_factor(hp, 550) == 1.52 and tg.lr_factor(hp, 551) < 1.52  # the cooldown starts at 550
+    assert tg.lr_factor(hp, 1375) == pytest.approx(hp.cooldown_floor)
+    assert tg.muon_momentum(hp, 1335) == hp.muon_momentum_max  # back to min over the last 50 steps
+    assert tg.muon_momentum(hp, 1385) == pytest.approx(hp.muon_momentum_min)
+    assert tg.untie_step(hp) == 918
+    assert tg.val_windows(hp, 1384) == ((6, 13), None) and tg.val_windows(hp, 1385) == ((6, 20), 13)
 
 
 @pytest.mark.parametrize("world", [3, 5, 6, 16])
@@ -2484,20 +2507,23 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
 
 
 def test_one_stream_flag_and_resume():
-    """--one-stream (record #77's forward: tests/test_model.py) is off by default; it changes the model, so --resume
-    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
-    --no-one-stream (checkpoints.ADDED_SETTINGS)."""
-    assert tg.Hyperparameters().one_stream is False
+    """--one-stream (record #77's forward: tests/test_model.py) is on by default and --no-one-stream turns it off
+    (the smoke config has it off, record #74's two lanes); it changes the model, so --resume refuses it against a
+    checkpoint without it, naming it, and a checkpoint from before the flag resumes as --no-one-stream
+    (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().one_stream is True and tg.smoke_hyperparameters().one_stream is False
+    assert _flags(["--no-one-stream"])[1].one_stream is False
     assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
     _check_added_setting_resumes_off("one_stream")
 
 
 def test_mudd_flag_and_resume():
-    """--mudd (record #81 on one stream: tests/test_model.py) is off by default; it changes the model, so --resume
-    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
-    --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters are among ADDED_PARAMS, shaped as init_params
-    makes them."""
-    assert tg.Hyperparameters().mudd is False
+    """--mudd (record #81 on one stream: tests/test_model.py) is on by default and --no-mudd turns it off (the smoke
+    config has it off); it changes the model, so --resume refuses it against a checkpoint without it, naming it,
+    and a checkpoint from before the flag resumes as --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters
+    are among ADDED_PARAMS, shaped as init_params makes them."""
+    assert tg.Hyperparameters().mudd is True and tg.smoke_hyperparameters().mudd is False
+    assert _flags(["--no-mudd"])[1].mudd is False
     assert _flags(["--smoke", "--one-stream", "--mudd"])[1].mudd is True
     _check_added_setting_resumes_off("mudd")
     hp = tg.smoke_hyperparameters()
@@ -2507,11 +2533,12 @@ def test_mudd_flag_and_resume():
 
 
 def test_muon_qk_pairs_flag_and_resume():
-    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is off by
-    default; it changes the optimizer's math and state (attn_bank's W_q / W_k momentum and second moment in blocks),
-    so --resume refuses it against a checkpoint without it, and a checkpoint from before the flag resumes as
-    --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
-    assert tg.Hyperparameters().muon_qk_pairs is False
+    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is on by
+    default and --no-muon-qk-pairs turns it off (the smoke config has it off); it changes the optimizer's math and
+    state (attn_bank's W_q / W_k momentum and second moment in blocks), so --resume refuses it against a checkpoint
+    without it, and a checkpoint from before the flag resumes as --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().muon_qk_pairs is True and tg.smoke_hyperparameters().muon_qk_pairs is False
+    assert _flags(["--no-muon-qk-pairs"])[1].muon_qk_pairs is False
     assert _flags(["--smoke", "--muon-qk-pairs"])[1].muon_qk_pairs is True
     _check_added_setting_resumes_off("muon_qk_pairs")
 
