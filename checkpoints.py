@@ -33,8 +33,9 @@ RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_eve
 # Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
 RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 # Settings that older checkpoints lack, each with the value under which this trainer computes what they computed
-# (--resume reads a missing one as it), and the parameters of those features, which such a checkpoint lacks too:
-# load_checkpoint leaves them at their initial value, the one that feature off never reads or changes.
+# (--resume and saved_hyperparameters read a missing one as it, whatever the default), and the parameters of those
+# features, which such a checkpoint lacks too: load_checkpoint leaves them at their initial value, the one that
+# feature off never reads or changes.
 ADDED_SETTINGS = {"xsa": False, "mlp_act_only": False, "one_stream": False, "mudd": False,  # each off
                   "muon_qk_pairs": False, "prefix_loss": False}
 ADDED_PARAMS = {  # name -> a value for a checkpoint without it, where its feature is off and it is unread

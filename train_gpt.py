@@ -2,8 +2,8 @@
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke      (tiny CPU run; without shards it trains on this repository's text)
-      python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
-      python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
+      python train_gpt.py --sample checkpoints/<run>/step_001385 --prompt "The" --temperature 0.8 --top-k 50
+      python train_gpt.py --hellaswag checkpoints/<run>/step_001385    (data: python data/hellaswag.py)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
 `--long-window-layers 3,10`); `--help` lists them with their comments. The stage table (`STAGES`) is edited here.
 
@@ -15,15 +15,18 @@ it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (s
 (HellaSwag, sampling), distributed.py (processes, collectives) and flags.py; kernels/ holds the Triton kernels
 and the attention op, data/ the shard format, the corpora and the batches' way to the device (data/loader.py).
 
-Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
-banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
-a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
+Model: record #74's (README.md: its features and where we deviate) with four ideas of later public records, a
+straight-line forward over parameter banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary,
+QK-norm, ReLU^2 MLP, value embeddings, a U-net skip, a bigram hash embedding, paired-head attention, multi-token
 prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
-embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
-beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
---one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
-the last two layers (make_layers, mudd_layer); --prefix-loss, record #88's prefix-token loss (prefix_token_table); and,
-in the optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
+embedding until untie_step; one residual stream (--one-stream, public record #77's; record #74 has two lanes from
+layer 7) with record #81's per-token dense connections into the last two layers (--mudd: mudd_layer), a learnable
+XSA (--xsa, the idea of record #82: xsa_part) in the unpaired attention layers, and in the optimizer record #80's
+Muon per pair of heads of W_q and W_k (--muon-qk-pairs: Group). The schedule is record #82's: 1375 steps in three
+stages, then 10 at the final lr. Each feature is a bool flag, on by default (`--no-bigram`, `--no-xsa`, ...):
+`--no-one-stream --no-mudd --no-xsa --no-muon-qk-pairs --steps 1450 --extension-steps 40` is record #74's
+configuration (the smoke config keeps its layout). Opt-in: --prefix-loss, record #88's prefix-token loss
+(prefix_token_table).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -38,7 +41,7 @@ the region; the fused MLP's are Triton ops, whose kernels AOT autograd traces in
 Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
 group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
 shard NorMuon updates the two banks and fused AdamW (fp32 masters, cautious decay) the rest, and the shards are
-all-gathered. Adam rows step every adam_every steps, on the gradients summed since their last step.
+all-gathered. Adam rows step every adam_every steps and at the last, on the gradients summed since their last step.
 Batch: 8 BOS-aligned micro-batches ("slots") per step; rank r of W takes slots r, r+W, ..., so every world size
 computes the same step up to fp32 summation order. CPU: the kernels' PyTorch references, dense attention, eager.
 """
@@ -301,7 +304,7 @@ def slow_adam_step(hp, step):
 
 
 def untie_step(hp):
-    """The first untied step: the one after stage untie_stage's first slow Adam step (the record's 967 of 1450);
+    """The first untied step: the one after stage untie_stage's first slow Adam step (917 of 1375; record #74's 967);
     None when that stage has none (cli.check_settings refuses it)."""
     start = stage_bounds(hp)[hp.untie_stage][0]
     return next((s + 1 for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
