@@ -312,7 +312,8 @@ def gpu_runs(shared_build):
     step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
     kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --cpp-wrapper, the
     compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
-    real resume are. Run "opt_in", beside those, is a's command with every opt-in model flag (OPT_IN_MODEL_FLAGS).
+    real resume are. Run "opt_in", beside those, is a's command with every model flag beyond record #74 (off in the
+    smoke config: OPT_IN_MODEL_FLAGS).
     Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
@@ -389,7 +390,8 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
     _assert_same_checkpoint(ca, co, what="with --no-embed-grad-to-acc --cpp-wrapper")
 
 
-# Every opt-in change to the model, its loss and its optimizer at once; --backout-layer 1: --mudd mixes that
+# Every change beyond record #74 to the model, its loss and its optimizer at once (the smoke config has each off:
+# the four the speedrun turns on by default, and the opt-in ones); --backout-layer 1: --mudd mixes that
 # layer's output into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each;
 # --prefix-loss where tiktoken's gpt2 files are (its table is GPT-2's; the device machines' suite has them)
 OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--muon-qk-pairs",
@@ -399,10 +401,11 @@ OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa",
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="the opt-in forwards compiled for the GPU (fused MLP kernels, FlashAttention)")
 def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
-    """Run "opt_in" (gpu_runs: every opt-in model flag, compiled, 40 steps through both batch-size stages): the
-    flags reached the run, the training step compiled once per micro-batch shape with no recompile in the timed run
-    (the fixture checks that line), the act-only MLP path ran, and it learned as run "a" did: every loss finite, the
-    val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at step 40."""
+    """Run "opt_in" (gpu_runs: every model flag beyond record #74, compiled, 40 steps through both batch-size
+    stages): the flags reached the run, the training step compiled once per micro-batch shape with no recompile in
+    the timed run (the fixture checks that line), the act-only MLP path ran, and it learned as run "a" did: every
+    loss finite, the val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at
+    step 40."""
     text, steps, vals = gpu_runs["opt_in"][:3]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"]
@@ -1859,7 +1862,7 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
     reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
     Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid). opt_in: the four-layer smoke
-    model with every opt-in change to the forward (--one-stream --mudd --xsa, backout layer 1), whose
+    model with every change beyond record #74 to the forward (--one-stream --mudd --xsa, backout layer 1), whose
     ops must keep T symbolic too."""
     layout = dict(one_stream=True, mudd=True, xsa=True, backout_layer=1) if opt_in else TWO_LAYERS
     hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **layout,
@@ -2078,9 +2081,9 @@ def test_schedule_matches_the_public_record():
 
 def test_default_schedule_is_record_82s():
     """The default schedule is public record #82's: 1375 scheduled steps + 10 (records #80, #81, #82 cut 10, 65 and
-    30 scheduled steps from record #74's 1450, the extension went from 40 to 10), with record #74's stage table:
-    stages ending at round(1375 k / 3), the cooldown from int(1375 * 0.4) = 550, the untie after stage 2's first
-    slow Adam step (917, odd; the last step, 1384, is one too: test_slow_adam_schedule)."""
+    30 steps from record #74's 1450 + 40 in all), with record #74's stage table: stages ending at round(1375 k / 3),
+    the cooldown from int(1375 * 0.4) = 550, the untie after stage 2's first slow Adam step (917, odd; the last
+    step, 1384, is one too: test_slow_adam_schedule)."""
     hp = tg.Hyperparameters()
     assert (hp.scheduled_steps, hp.extension_steps, hp.total_steps) == (1375, 10, 1385)
     assert [(a, b) for a, b, _ in tg.stage_bounds(hp)] == [(0, 458), (458, 917), (917, 1375), (1375, 1385)]
