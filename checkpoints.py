@@ -33,8 +33,9 @@ RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_eve
 # Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
 RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 # Settings that older checkpoints lack, each with the value under which this trainer computes what they computed
-# (--resume reads a missing one as it), and the parameters of those features, which such a checkpoint lacks too:
-# load_checkpoint leaves them at their initial value, the one that feature off never reads or changes.
+# (--resume and saved_hyperparameters read a missing one as it, whatever the default), and the parameters of those
+# features, which such a checkpoint lacks too: load_checkpoint leaves them at their initial value, the one that
+# feature off never reads or changes.
 ADDED_SETTINGS = {"xsa": False, "mlp_act_only": False, "one_stream": False, "mudd": False,  # each off
                   "muon_qk_pairs": False, "prefix_loss": False}
 ADDED_PARAMS = {  # name -> a value for a checkpoint without it, where its feature is off and it is unread
@@ -242,12 +243,14 @@ def load_checkpoint(path, params, opt, d):
 
 def saved_hyperparameters(path, state, hyperparameters, stage):
     """The hyperparameters of a checkpoint's state (dataclasses.asdict of the run's: tuples saved as lists), made
-    with the classes ``hyperparameters`` and ``stage`` (train_gpt.py's Hyperparameters and Stage)."""
+    with the classes ``hyperparameters`` and ``stage`` (train_gpt.py's Hyperparameters and Stage). A setting the
+    checkpoint lacks is ADDED_SETTINGS' value (what it computed), never the class's default."""
     saved = state["hyperparameters"]
 
     def tuples(row):
         return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items() if k != "stages"}
+    added = {k: v for k, v in ADDED_SETTINGS.items() if k not in saved}
     try:
-        return hyperparameters(**tuples(saved), stages=tuple(stage(**tuples(s)) for s in saved["stages"]))
+        return hyperparameters(**added, **tuples(saved), stages=tuple(stage(**tuples(s)) for s in saved["stages"]))
     except TypeError as e:  # a field this code does not know, or lacks
         raise CheckpointError(f"{path}: written by another version of train_gpt.py ({e})") from None

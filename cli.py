@@ -125,22 +125,29 @@ ARG_RANGES = {"max_new_tokens": (1, None), "temperature": (0, None), "top_k": (0
 
 
 def check_mudd(hp):
-    """--mudd's layout: record #81's on one stream, gating the last layer from the one before it."""
+    """--mudd's layout: record #81's on one stream, gating the last layer from the one before it. A refusal names
+    --no-mudd too: MUDD is on by default, so a layout change may be what the user meant."""
+    problem = mudd_problem(hp)
+    if problem:
+        raise SettingsError(f"--mudd: {problem} (or --no-mudd)")
+
+
+def mudd_problem(hp):
+    """What in hp's layout --mudd cannot take, or None."""
     last = hp.num_layers - 1
     if not hp.one_stream:
-        raise SettingsError("--mudd: built on record #77's single stream; add --one-stream")
+        return "built on record #77's single stream; add --one-stream"
     if not hp.backout:
-        raise SettingsError("--mudd: its final mix does the backout (it starts at -0.5 x the backout layer's output); "
-                            "leave out --no-backout")
+        return "its final mix does the backout (it starts at -0.5 x the backout layer's output); leave out --no-backout"
     if hp.num_layers < 3 or max(hp.backout_layer, hp.skip_from) >= last - 1:
-        raise SettingsError(f"--mudd: mixes the outputs of --backout-layer and --skip-from into the last two layers, "
-                            f"so both must come before layer {last - 1}")
+        return (f"mixes the outputs of --backout-layer and --skip-from into the last two layers, so both must come "
+                f"before layer {last - 1}")
     if last in hp.no_attn_layers or hp.ve_tables[last] < 0 or last in hp.paired_layers:
-        raise SettingsError(f"--mudd: gates the last layer's ({last}) value embedding: it needs attention, a value "
-                            f"embedding (--ve-tables) and no paired heads")
+        return (f"gates the last layer's ({last}) value embedding: it needs attention, a value embedding (--ve-tables) "
+                f"and no paired heads")
     if hp.num_heads % 2:
-        raise SettingsError(f"--mudd: its value gate has one channel per half of the heads; --num-heads must be even, "
-                            f"got {hp.num_heads}")
+        return f"its value gate has one channel per half of the heads; --num-heads must be even, got {hp.num_heads}"
+    return None
 
 
 def check_settings(hp, args, check_world_size, untie_step, block):
@@ -206,12 +213,12 @@ def check_settings(hp, args, check_world_size, untie_step, block):
                             f"--no-paired-heads)")
     if hp.xsa and not hp.xsa_layers:
         raise SettingsError("--xsa: every attention layer has paired heads (--paired-head-layers), where XSA does not "
-                            "apply; leave out --xsa or a layer from --paired-head-layers")
+                            "apply; take a layer out of --paired-head-layers (or --no-xsa)")
     if hp.mudd:
         check_mudd(hp)
     if hp.muon_qk_pairs and hp.num_heads % 2:
         raise SettingsError(f"--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got "
-                            f"{hp.num_heads}")
+                            f"{hp.num_heads} (or --no-muon-qk-pairs)")
     if hp.mlp_act_only and not hp.fused_mlp:
         raise SettingsError("--mlp-act-only: a mode of the fused MLP kernel, which --no-fused-mlp turns off; leave out "
                             "one of them")

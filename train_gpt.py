@@ -2,8 +2,8 @@
 
 Run:  torchrun --standalone --nproc_per_node=8 train_gpt.py      (world size 1, 2, 4 or 8)
       python train_gpt.py --smoke      (tiny CPU run; without shards it trains on this repository's text)
-      python train_gpt.py --sample checkpoints/<run>/step_001490 --prompt "The" --temperature 0.8 --top-k 50
-      python train_gpt.py --hellaswag checkpoints/<run>/step_001490    (data: python data/hellaswag.py)
+      python train_gpt.py --sample checkpoints/<run>/step_001385 --prompt "The" --temperature 0.8 --top-k 50
+      python train_gpt.py --hellaswag checkpoints/<run>/step_001385    (data: python data/hellaswag.py)
 Every field of `Hyperparameters` is a flag (`--adam-lr 0.01`, `--no-compile`, a tuple as a comma list:
 `--long-window-layers 3,10`); `--help` lists them with their comments. The stage table (`STAGES`) is edited here.
 
@@ -15,15 +15,18 @@ it: cli.py (flags, settings' checks, one-line errors, Ctrl-C), checkpoints.py (s
 (HellaSwag, sampling), distributed.py (processes, collectives) and flags.py; kernels/ holds the Triton kernels
 and the attention op, data/ the shard format, the corpora and the batches' way to the device (data/loader.py).
 
-Model: record #74's (README.md: its features and where we deviate), a straight-line forward over parameter
-banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary, QK-norm, ReLU^2 MLP, value embeddings,
-a U-net skip, two residual lanes from layer 7, a bigram hash embedding, paired-head attention, multi-token
+Model: record #74's (README.md: its features and where we deviate) with four ideas of later public records, a
+straight-line forward over parameter banks (make_layers): 11 layers of width 768 with 6 heads of 128, rotary,
+QK-norm, ReLU^2 MLP, value embeddings, a U-net skip, a bigram hash embedding, paired-head attention, multi-token
 prediction, smear, YaRN, key offset, backout, and an LM head stored transposed (768 x 50304), tied to the token
-embedding until untie_step. Each record #74 feature is a bool flag, on by default (`--no-bigram`, ...). Opt-in,
-beyond record #74: --xsa, a learnable XSA (the idea of public record #82: xsa_part) in the unpaired attention layers;
---one-stream, public record #77's single residual stream, and --mudd, record #81's per-token dense connections into
-the last two layers (make_layers, mudd_layer); --prefix-loss, record #88's prefix-token loss (prefix_token_table); and,
-in the optimizer, --muon-qk-pairs, record #80's Muon per pair of heads of W_q and W_k (Group).
+embedding until untie_step; one residual stream (--one-stream, public record #77's; record #74 has two lanes from
+layer 7) with record #81's per-token dense connections into the last two layers (--mudd: mudd_layer), a learnable
+XSA (--xsa, the idea of record #82: xsa_part) in the unpaired attention layers, and in the optimizer record #80's
+Muon per pair of heads of W_q and W_k (--muon-qk-pairs: Group). The schedule is record #82's: 1375 steps in three
+stages, then 10 at the final lr. Each feature is a bool flag, on by default (`--no-bigram`, `--no-xsa`, ...):
+`--no-one-stream --no-mudd --no-xsa --no-muon-qk-pairs --steps 1450 --extension-steps 40` is record #74's
+configuration (the smoke config keeps its layout). Opt-in: --prefix-loss, record #88's prefix-token loss
+(prefix_token_table).
 
 Compilation (CUDA): the embedding lookups run eagerly (gathers whose deterministic backward kernels, kernels/
 embedding.py, run after the compiled backward); everything else, the layers and the head with its loss, is one
@@ -40,7 +43,7 @@ caches (compile_validation_ahead), and the warmup's validation then loads it.
 Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
 group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
 shard NorMuon updates the two banks and fused AdamW (fp32 masters, cautious decay) the rest, and the shards are
-all-gathered. Adam rows step every adam_every steps, on the gradients summed since their last step.
+all-gathered. Adam rows step every adam_every steps and at the last, on the gradients summed since their last step.
 Batch: 8 BOS-aligned micro-batches ("slots") per step; rank r of W takes slots r, r+W, ..., so every world size
 computes the same step up to fp32 summation order. CPU: the kernels' PyTorch references, dense attention, eager.
 """
@@ -131,14 +134,15 @@ class Hyperparameters:
     backout_layer: int = 7  # the layer whose output (lane 0) is backed out
     fp8_head: bool = True  # FP8 LM-head matmuls in training (CUDA capability >= 8.9; bf16 otherwise)
     attn_lambdas: bool = True  # per-layer scalars pre-multiplying W_qkv and W_o (init 0.5 and 1.0)
-    # opt-in model features (beyond record #74; off by default)
-    xsa: bool = False  # learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's part along their own v
-    one_stream: bool = False  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
-    mudd: bool = False  # record #81 (with --one-stream): per-token MLPs mix earlier states into the last two layers
+    # model features of later public records (on by default; --no-<name> each for record #74's model)
+    xsa: bool = True  # record #82's learnable XSA: unpaired heads drop tanh(xsa_alpha) of their output's own-v part
+    one_stream: bool = True  # record #77: one lane; attention after backout_layer reads its output; skip after MLP
+    mudd: bool = True  # record #81 (needs --one-stream): per-token MLPs mix earlier states into the last two layers
+    # opt-in model feature (beyond record #74; off by default)
     prefix_loss: bool = False  # record #88: also score each position on its target's prefix token (Stage.prefix)
-    # schedule
-    scheduled_steps: int = 1450  # steps of the staged lr / batch / window schedule
-    extension_steps: int = 40  # steps after the scheduled ones, at the final lr with the longest windows
+    # schedule (record #82's; record #74's: --steps 1450 --extension-steps 40)
+    scheduled_steps: int = 1375  # steps of the staged lr / batch / window schedule
+    extension_steps: int = 10  # steps after the scheduled ones, at the final lr with the longest windows
     cooldown_frac: float = 0.6  # last fraction of scheduled steps where lr decays linearly to cooldown_floor
     cooldown_floor: float = 0.15  # lr multiplier at the end of the cooldown
     untie_stage: int = 2  # embedding and LM head are untied after the first slow Adam step of this stage
@@ -150,7 +154,7 @@ class Hyperparameters:
     muon_warmup_steps: int = 300  # steps of the momentum warmup
     muon_cooldown_steps: int = 50  # last steps, where the momentum goes back from max to min
     muon_beta2: float = 0.95  # NorMuon second-moment decay
-    muon_qk_pairs: bool = False  # opt-in (record #80): Muon takes each pair of heads' rows of W_q, W_k as a matrix
+    muon_qk_pairs: bool = True  # record #80: Muon takes each pair of heads' rows of W_q, W_k as a matrix of its own
     muon_wd: float = 1.2  # cautious decay per step = muon_wd * lr_sched * lr_effective
     mlp_proj_lr_mul: float = 2.0  # extra lr for W_proj^T (odd matrices of mlp_bank), as in the public record
     # Adam for embeddings, head, gates, scalars
@@ -209,7 +213,8 @@ class Hyperparameters:
 
 
 def smoke_hyperparameters(**overrides):
-    """Tiny model and schedule for the CPU smoke run. The vocabulary and BOS come from the shards (see
+    """Tiny model and schedule for the CPU smoke run, with record #74's layout (two lanes, no XSA, MUDD or Muon
+    Q/K pairs: each flag turns its feature on). The vocabulary and BOS come from the shards (see
     cli.fit_to_data): 512 and 511 for the tests' small-id shards, 50304 and 50256 for GPT-2 shards."""
     hp = Hyperparameters(
         val_tokens=8 * 256 * 2, val_micro_tokens=256, bos_id=511, vocab_size=512,
@@ -219,6 +224,7 @@ def smoke_hyperparameters(**overrides):
         final_long_window=2,
         val_every=4, log_train_loss=True, compile=False, stages=SMOKE_STAGES, adam_lr=0.02, vocab_from_data=True,
         bigram_vocab_size=256, paired_head_layers=(0, 2), backout_layer=2,
+        one_stream=False, mudd=False, xsa=False, muon_qk_pairs=False,  # record #74's layout (the tests' model)
         adam_every=1)  # 10 steps are too few to learn the rule with half as many embedding updates
     return dataclasses.replace(hp, **overrides)
 
@@ -304,7 +310,7 @@ def slow_adam_step(hp, step):
 
 
 def untie_step(hp):
-    """The first untied step: the one after stage untie_stage's first slow Adam step (the record's 967 of 1450);
+    """The first untied step: the one after stage untie_stage's first slow Adam step (917 of 1375; record #74's 967);
     None when that stage has none (cli.check_settings refuses it)."""
     start = stage_bounds(hp)[hp.untie_stage][0]
     return next((s + 1 for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)

@@ -336,7 +336,7 @@ def test_rotary_traces_to_elementwise_ops_only(paired, key_offset, monkeypatch):
 
 
 def test_mtp_weights_follow_the_record_schedule():
-    hp = tg.Hyperparameters()
+    hp = tg.Hyperparameters(scheduled_steps=1450, extension_steps=40)  # record #74's schedule
     assert tg.mtp_weights_at(hp, 0) == (1.0, 0.5, 0.25)
     # stages of 1450 scheduled steps: 0..483, 483..967, 967..1450, then the extension to 1490
     assert tg.mtp_weights_at(hp, 161) == pytest.approx((1.0, 0.5, 0.25 * 2 / 3))  # a third of stage 0
@@ -628,12 +628,12 @@ def test_xsa_reads_only_its_layers_rows_and_alpha_zero_is_off():
 
 
 def test_xsa_layers_come_from_the_layout():
-    """XSA's layers: the attention layers without paired heads, from the flags (none without --xsa); all attention
-    layers with --no-paired-heads; an --xsa that acts nowhere is refused in one line, and the sublayer refuses XSA
-    with paired heads."""
-    hp = tg.Hyperparameters(xsa=True)
+    """XSA's layers: the attention layers without paired heads, from the flags (on by default; none with --no-xsa);
+    all attention layers with --no-paired-heads; an --xsa that acts nowhere is refused in one line, and the
+    sublayer refuses XSA with paired heads."""
+    hp = tg.Hyperparameters()
     assert hp.xsa_layers == [1, 3, 4, 7, 8, 10]
-    assert tg.Hyperparameters().xsa_layers == []
+    assert tg.Hyperparameters(xsa=False).xsa_layers == []
     assert dataclasses.replace(hp, paired_heads=False).xsa_layers == [0, 1, 2, 3, 4, 5, 7, 8, 9, 10]
     assert _xsa_hp(paired_head_layers=(0, 3)).xsa_layers == [2]
     args, hp = cli.parse_args(["--smoke", "--xsa"], tg.Hyperparameters, tg.smoke_hyperparameters)

@@ -297,8 +297,9 @@ BAD_SETTINGS = [
     (["--num-heads", "1", "--head-dim", "64"], "--num-heads: paired heads need an even number, got 1"),
     (["--xsa", "--paired-head-layers", "0,1,2,3"], "--xsa: every attention layer has paired heads"),
     (["--muon-qk-pairs", "--num-heads", "1", "--head-dim", "64", "--no-paired-heads"],
-     "--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got 1"),
-    (["--mudd"], "--mudd: built on record #77's single stream; add --one-stream"),
+     "--muon-qk-pairs: splits W_q and W_k into pairs of heads; --num-heads must be even, got 1 (or "
+     "--no-muon-qk-pairs)"),
+    (["--mudd"], "--mudd: built on record #77's single stream; add --one-stream (or --no-mudd)"),
     (["--mudd", "--one-stream", "--no-backout"], "--mudd: its final mix does the backout"),
     (["--mudd", "--one-stream"], "--mudd: mixes the outputs of --backout-layer and --skip-from into the last two "
                                  "layers, so both must come before layer 2"),  # the smoke's backout layer is 2
@@ -347,6 +348,37 @@ def test_bad_setting_is_one_line_before_any_file(tmp_path, capsys, flags, messag
     line = _exit_2(argv, capsys)
     assert line.startswith(message), line
     assert list(tmp_path.iterdir()) == [], "nothing may be written before the settings are checked"
+
+
+# The speedrun's defaults (not the smoke config: record #74's layout) with one setting that a feature on by default
+# cannot take: the line names the feature's off flag as a way out too; with the off flags given the layout passes.
+DEFAULT_FEATURE_CONFLICTS = [
+    (["--no-one-stream"], "--mudd: built on record #77's single stream; add --one-stream (or --no-mudd)",
+     ["--no-mudd"]),
+    (["--no-backout"], "--mudd: its final mix does the backout (it starts at -0.5 x the backout layer's output); "
+                       "leave out --no-backout (or --no-mudd)", ["--no-mudd"]),
+    (["--backout-layer", "9"], "--mudd: mixes the outputs of --backout-layer and --skip-from into the last two "
+                               "layers, so both must come before layer 9 (or --no-mudd)", ["--no-mudd"]),
+    (["--paired-head-layers", "0,2,5,10"], "--mudd: gates the last layer's (10) value embedding: it needs attention, "
+                                           "a value embedding (--ve-tables) and no paired heads (or --no-mudd)",
+     ["--no-mudd"]),
+    # every attention layer paired: the last one too, which MUDD refuses next
+    (["--paired-head-layers", "0,1,2,3,4,5,7,8,9,10"], "--xsa: every attention layer has paired heads "
+     "(--paired-head-layers), where XSA does not apply; take a layer out of --paired-head-layers (or --no-xsa)",
+     ["--no-xsa", "--no-mudd"]),
+]
+
+
+@pytest.mark.parametrize("flags, message, off", DEFAULT_FEATURE_CONFLICTS,
+                         ids=[" ".join(f) for f, _, _ in DEFAULT_FEATURE_CONFLICTS])
+def test_a_setting_the_default_features_cannot_take_names_their_off_flag(tmp_path, capsys, flags, message, off):
+    """One line (exit code 2) before any file, naming the off flag; with the off flags added the layout passes the
+    checks (checked as --sample's flags are: no device, no run id)."""
+    argv = ["--log-dir", str(tmp_path / "logs"), "--checkpoint-dir", str(tmp_path / "ckpt"), *flags]
+    assert _exit_2(argv, capsys) == message
+    assert list(tmp_path.iterdir()) == [], "nothing may be written before the settings are checked"
+    args, hp = _flags([*flags, *off, "--sample", "ckpt"])
+    cli.check_settings(hp, args, tg.check_world_size, tg.untie_step, tg.BLOCK)
 
 
 def test_prefix_loss_without_gpt2_files_is_one_line_before_any_file(tmp_path, capsys, monkeypatch):

@@ -313,7 +313,8 @@ def gpu_runs(shared_build):
     step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
     kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --cpp-wrapper, the
     compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
-    real resume are. Run "opt_in", beside those, is a's command with every opt-in model flag (OPT_IN_MODEL_FLAGS).
+    real resume are. Run "opt_in", beside those, is a's command with every model flag beyond record #74 (off in the
+    smoke config: OPT_IN_MODEL_FLAGS).
     Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
@@ -409,7 +410,8 @@ def test_validation_step_compiled_by_the_second_process_is_a_cache_hit_gpu(gpu_r
     assert val == [(1, 1)], frames
 
 
-# Every opt-in change to the model, its loss and its optimizer at once; --backout-layer 1: --mudd mixes that
+# Every change beyond record #74 to the model, its loss and its optimizer at once (the smoke config has each off:
+# the four the speedrun turns on by default, and the opt-in ones); --backout-layer 1: --mudd mixes that
 # layer's output into the last two; four heads of 16: --muon-qk-pairs then splits W_q and W_k into two blocks each;
 # --prefix-loss where tiktoken's gpt2 files are (its table is GPT-2's; the device machines' suite has them)
 OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa", "--mlp-act-only", "--muon-qk-pairs",
@@ -419,10 +421,11 @@ OPT_IN_MODEL_FLAGS = ("--one-stream", "--mudd", "--backout-layer", "1", "--xsa",
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="the opt-in forwards compiled for the GPU (fused MLP kernels, FlashAttention)")
 def test_opt_in_model_flags_compile_and_train_gpu(gpu_runs):
-    """Run "opt_in" (gpu_runs: every opt-in model flag, compiled, 40 steps through both batch-size stages): the
-    flags reached the run, the training step compiled once per micro-batch shape with no recompile in the timed run
-    (the fixture checks that line), the act-only MLP path ran, and it learned as run "a" did: every loss finite, the
-    val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at step 40."""
+    """Run "opt_in" (gpu_runs: every model flag beyond record #74, compiled, 40 steps through both batch-size
+    stages): the flags reached the run, the training step compiled once per micro-batch shape with no recompile in
+    the timed run (the fixture checks that line), the act-only MLP path ran, and it learned as run "a" did: every
+    loss finite, the val loss down by more than 1.5 from step 0 (the CPU smoke test's bar) and within 0.5 of a's at
+    step 40."""
     text, steps, vals = gpu_runs["opt_in"][:3]
     hp = json.loads(next(line for line in text.splitlines() if line.startswith("hyperparameters: "))[17:])
     assert hp["one_stream"] and hp["mudd"] and hp["xsa"] and hp["mlp_act_only"]
@@ -1154,9 +1157,11 @@ def test_checkpoint_from_before_xsa_resumes_bitwise_and_loads(tmp_path, device):
 def test_slow_adam_schedule():
     hp = tg.Hyperparameters(adam_every=2)
     assert [s for s in range(10) if tg.slow_adam_step(hp, s)] == [1, 3, 5, 7, 9]
-    assert tg.slow_adam_step(hp, hp.total_steps - 1) and hp.total_steps % 2 == 0
-    odd = dataclasses.replace(hp, scheduled_steps=hp.scheduled_steps + 1)
-    assert tg.slow_adam_step(odd, odd.total_steps - 1), "the last step always updates the slow groups"
+    # The last step always updates the slow groups. Record #82's 1385 steps end on an even step, 1384: a slow step
+    # only for being the last, right after 1383's (on its one step's gradients). Record #74's 1490 end on an odd one.
+    assert [s for s in range(1380, 1385) if tg.slow_adam_step(hp, s)] == [1381, 1383, 1384]
+    rec74 = dataclasses.replace(hp, scheduled_steps=1450, extension_steps=40)
+    assert [s for s in range(1485, 1490) if tg.slow_adam_step(rec74, s)] == [1485, 1487, 1489]
     assert [s for s in range(7) if tg.slow_adam_step(dataclasses.replace(hp, adam_every=3), s)] == [2, 5]
     assert all(tg.slow_adam_step(dataclasses.replace(hp, adam_every=1), s) for s in range(10))
     # record #74 steps every Adam parameter on the odd steps only (its _is_adam_step), the banks every step
@@ -1171,18 +1176,20 @@ def test_slow_adam_schedule():
 
 def test_step_plan_follows_the_schedule_and_the_parameter_table():
     """The optimizer's plan of a step for the speedrun's schedule (adam_every=2; the untie after the first slow
-    Adam step of stage 2, record #74's odd step 967): the Muon banks step every step, the Adam rows at the odd
-    steps, in PARAMS order; the head is tied up to step 967; in the last backward every row that steps starts its
-    reduce-scatter but the embedding while tied (its gradient goes into the head's), and with the accumulate mode
-    (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the head (it waits for the embedding's)."""
+    Adam step of stage 2, the odd step 917 of record #82's schedule): the Muon banks step every step, the Adam rows
+    at the odd steps and the last (1384, even), in PARAMS order; the head is tied up to step 917; in the last
+    backward every row that steps starts its reduce-scatter but the embedding while tied (its gradient goes into
+    the head's), and with the accumulate mode (--embed-grad-to-acc, CUDA) but the three tables and, while tied, the
+    head (it waits for the embedding's)."""
     hp = tg.Hyperparameters()
     muon = {"attn_bank", "mlp_bank"}
     adam = {"scalars", "resid_lambdas", "post_lambdas", "x0_lambdas", "bigram_lambdas", "smear_gate", "skip_gate",
             "attn_gate", "ve_gate", "lm_head", "value_embeds", "bigram_embed", "embed", "xsa_alpha", "mudd_bias",
             "mudd_w2", "mudd_w1"}
     tables = {"embed", "value_embeds", "bigram_embed"}
-    for step, slow, tied in ((0, False, True), (1, True, True), (966, False, True), (967, True, True),
-                             (968, False, False), (969, True, False), (hp.total_steps - 1, True, False)):
+    for step, slow, tied in ((0, False, True), (1, True, True), (916, False, True), (917, True, True),
+                             (918, False, False), (919, True, False), (1382, False, False), (1383, True, False),
+                             (1384, True, False)):
         for accs in (False, True):
             plan = tg.step_plan(hp, step, accs)
             assert plan.tied == tied, (step, accs)
@@ -1935,7 +1942,7 @@ def test_dynamic_tokens_compile_one_training_graph_for_every_length(smoke_data, 
     dense CPU stand-ins as their kernels, which check the bound they are given; the head is the CPU's cross-entropy
     reference (the CUDA head's ops: test_dynamic_tokens_head_ops_take_a_symbolic_row_count; the fused MLP's
     Triton kernels cannot be traced on the CPU: tests/test_mlp.py checks its grid). opt_in: the four-layer smoke
-    model with every opt-in change to the forward (--one-stream --mudd --xsa, backout layer 1), whose
+    model with every change beyond record #74 to the forward (--one-stream --mudd --xsa, backout layer 1), whose
     ops must keep T symbolic too."""
     layout = dict(one_stream=True, mudd=True, xsa=True, backout_layer=1) if opt_in else TWO_LAYERS
     hp = tg.smoke_hyperparameters(param_dtype="float32", dynamic_tokens=dynamic, **layout,
@@ -2130,8 +2137,9 @@ def test_schedule_matches_the_public_record():
     """Record #74's TrainingSchedule: 1450 scheduled steps + 40, stages ending at round(1450 k / 3), cooldown over
     the last 60% (from int(1450 * 0.4) = 580), documents cut to 896 tokens in stage 0 and 2048 after, the
     embedding untied after the first odd (Adam) step of stage 2 (its split_step 967), the final validation's long
-    window 20 blocks with the last stage's YaRN, validation as 40 chunks of 262,144 tokens."""
-    hp = tg.Hyperparameters()
+    window 20 blocks with the last stage's YaRN, validation as 40 chunks of 262,144 tokens. (--steps 1450
+    --extension-steps 40; the default is record #82's: test_default_schedule_is_record_82s.)"""
+    hp = tg.Hyperparameters(scheduled_steps=1450, extension_steps=40)
     assert hp.total_steps == 1490
     bounds = tg.stage_bounds(hp)
     assert [(a, b) for a, b, _ in bounds] == [(0, 483), (483, 967), (967, 1450), (1450, 1490)]
@@ -2149,6 +2157,24 @@ def test_schedule_matches_the_public_record():
     assert tg.val_windows(hp, 1490) == ((6, 20), 13)
     assert all(tg.micro_tokens_at(hp, s) % tg.BLOCK == 0 for s in range(hp.total_steps))
     assert (hp.val_micro_tokens, hp.val_tokens // hp.val_micro_tokens) == (262_144, 40)
+
+
+def test_default_schedule_is_record_82s():
+    """The default schedule is public record #82's: 1375 scheduled steps + 10 (records #80, #81, #82 cut 10, 65 and
+    30 steps from record #74's 1450 + 40 in all), with record #74's stage table: stages ending at round(1375 k / 3),
+    the cooldown from int(1375 * 0.4) = 550, the untie after stage 2's first slow Adam step (917, odd; the last
+    step, 1384, is one too: test_slow_adam_schedule)."""
+    hp = tg.Hyperparameters()
+    assert (hp.scheduled_steps, hp.extension_steps, hp.total_steps) == (1375, 10, 1385)
+    assert [(a, b) for a, b, _ in tg.stage_bounds(hp)] == [(0, 458), (458, 917), (917, 1375), (1375, 1385)]
+    assert [tg.micro_tokens_at(hp, s) for s in (0, 458, 917, 1384)] == [16384, 32768, 49152, 49152]
+    assert [tg.stage_at(hp, s)[1].max_doc_len for s in (0, 457, 458, 1384)] == [896, 896, 2048, 2048]
+    assert tg.lr_factor(hp, 550) == 1.52 and tg.lr_factor(hp, 551) < 1.52  # the cooldown starts at 550
+    assert tg.lr_factor(hp, 1375) == pytest.approx(hp.cooldown_floor)
+    assert tg.muon_momentum(hp, 1335) == hp.muon_momentum_max  # back to min over the last 50 steps
+    assert tg.muon_momentum(hp, 1385) == pytest.approx(hp.muon_momentum_min)
+    assert tg.untie_step(hp) == 918
+    assert tg.val_windows(hp, 1384) == ((6, 13), None) and tg.val_windows(hp, 1385) == ((6, 20), 13)
 
 
 @pytest.mark.parametrize("world", [3, 5, 6, 16])
@@ -2509,9 +2535,10 @@ def test_ce_grad_in_forward_flag_and_head_path(device):
 
 
 def _check_added_setting_resumes_off(name):
-    """An opt-in setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses
-    a checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
-    is refused with it on; it is not among the settings a resumed run may change."""
+    """A setting added after checkpoints were written (checkpoints.ADDED_SETTINGS): on, --resume refuses a
+    checkpoint that has it off, naming the flag; a checkpoint from before the setting existed resumes as off and
+    is refused with it on, and --sample / --hellaswag (saved_hyperparameters) read it as off, whatever the
+    dataclass's default; it is not among the settings a resumed run may change."""
     hp = dataclasses.asdict(tg.smoke_hyperparameters())
     on = dict(hp, **{name: True})
     refused = f"--{name.replace('_', '-')} is False in the checkpoint, True in this run"
@@ -2521,6 +2548,8 @@ def _check_added_setting_resumes_off(name):
     checkpoints.check_same_settings("ckpt", before, hp, list(hp))
     with pytest.raises(checkpoints.CheckpointError, match=refused):
         checkpoints.check_same_settings("ckpt", before, on, list(on))
+    saved = checkpoints.saved_hyperparameters("ckpt", {"hyperparameters": before}, tg.Hyperparameters, tg.Stage)
+    assert getattr(saved, name) is checkpoints.ADDED_SETTINGS[name] is False
     assert name not in checkpoints.RESUME_MAY_DIFFER
 
 
@@ -2561,20 +2590,23 @@ def test_mlp_act_only_flag_path_refusal_and_resume(device, monkeypatch, capsys):
 
 
 def test_one_stream_flag_and_resume():
-    """--one-stream (record #77's forward: tests/test_model.py) is off by default; it changes the model, so --resume
-    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
-    --no-one-stream (checkpoints.ADDED_SETTINGS)."""
-    assert tg.Hyperparameters().one_stream is False
+    """--one-stream (record #77's forward: tests/test_model.py) is on by default and --no-one-stream turns it off
+    (the smoke config has it off, record #74's two lanes); it changes the model, so --resume refuses it against a
+    checkpoint without it, naming it, and a checkpoint from before the flag resumes as --no-one-stream
+    (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().one_stream is True and tg.smoke_hyperparameters().one_stream is False
+    assert _flags(["--no-one-stream"])[1].one_stream is False
     assert _flags(["--smoke", "--one-stream"])[1].one_stream is True
     _check_added_setting_resumes_off("one_stream")
 
 
 def test_mudd_flag_and_resume():
-    """--mudd (record #81 on one stream: tests/test_model.py) is off by default; it changes the model, so --resume
-    refuses it against a checkpoint without it, naming it, and a checkpoint from before the flag resumes as
-    --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters are among ADDED_PARAMS, shaped as init_params
-    makes them."""
-    assert tg.Hyperparameters().mudd is False
+    """--mudd (record #81 on one stream: tests/test_model.py) is on by default and --no-mudd turns it off (the smoke
+    config has it off); it changes the model, so --resume refuses it against a checkpoint without it, naming it,
+    and a checkpoint from before the flag resumes as --no-mudd (checkpoints.ADDED_SETTINGS); its three parameters
+    are among ADDED_PARAMS, shaped as init_params makes them."""
+    assert tg.Hyperparameters().mudd is True and tg.smoke_hyperparameters().mudd is False
+    assert _flags(["--no-mudd"])[1].mudd is False
     assert _flags(["--smoke", "--one-stream", "--mudd"])[1].mudd is True
     _check_added_setting_resumes_off("mudd")
     hp = tg.smoke_hyperparameters()
@@ -2584,11 +2616,12 @@ def test_mudd_flag_and_resume():
 
 
 def test_muon_qk_pairs_flag_and_resume():
-    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is off by
-    default; it changes the optimizer's math and state (attn_bank's W_q / W_k momentum and second moment in blocks),
-    so --resume refuses it against a checkpoint without it, and a checkpoint from before the flag resumes as
-    --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
-    assert tg.Hyperparameters().muon_qk_pairs is False
+    """--muon-qk-pairs (record #80: test_muon_qk_pairs_orthogonalises_each_pair_of_heads_of_w_q_and_w_k) is on by
+    default and --no-muon-qk-pairs turns it off (the smoke config has it off); it changes the optimizer's math and
+    state (attn_bank's W_q / W_k momentum and second moment in blocks), so --resume refuses it against a checkpoint
+    without it, and a checkpoint from before the flag resumes as --no-muon-qk-pairs (checkpoints.ADDED_SETTINGS)."""
+    assert tg.Hyperparameters().muon_qk_pairs is True and tg.smoke_hyperparameters().muon_qk_pairs is False
+    assert _flags(["--no-muon-qk-pairs"])[1].muon_qk_pairs is False
     assert _flags(["--smoke", "--muon-qk-pairs"])[1].muon_qk_pairs is True
     _check_added_setting_resumes_off("muon_qk_pairs")
 
