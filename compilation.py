@@ -12,8 +12,8 @@ line. ``log_compilation`` writes these after the warmup.
 processes, stamped with the versions, the GPU and the hash of the code that ran.
 
 ``AheadProcess``: a second process that compiles a graph into the compile caches this process reads, while this
-one compiles another (train_gpt.py: the validation step, beside the training step's compile): this process then
-loads that graph from the cache instead of compiling it after the training step.
+one compiles another (train_gpt.py: the validation step and the training step's other micro-batch lengths, beside
+the first training step's compile): this process then loads that graph from the cache instead of compiling it.
 
 ``cpp_wrapper_options()``: the training step's inductor options under --cpp-wrapper, an opt-in outside the public
 speedrun's rules (no compile options beyond record #74's); it first installs what torch 2.11's C++ launcher needs
@@ -44,8 +44,8 @@ from run_log import dir_bytes, source_dump
 # declarations, not all in one file at -O3 (a shorter cold compile, steps no slower).
 CPP_WRAPPER_OPTIONS = {"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
 
-# How long the compile warmup waits, when it needs the graph, for an AheadProcess still compiling it (the validation
-# step compiles in about 15 s; its process starts before the training step's compile, which takes a minute or more)
+# How long the compile warmup waits, when it needs the graph, for an AheadProcess still compiling it (a graph of the
+# default model compiles in 15-60 s; the processes start before the warmup's own first graph, which takes about as long)
 AHEAD_WAIT_S = 120.0
 
 
@@ -291,7 +291,7 @@ class Compilation:
 
     def __init__(self, enabled, cache_path, d, log):
         self.enabled, self.d, self.log = enabled, d, log
-        self.cache, self.graphs, self.ahead = None, 0, None
+        self.cache, self.graphs, self.ahead = None, 0, {}
         if cache_path and not enabled:
             log(f"compile_cache: --compile-cache {cache_path} not used (nothing is compiled)")
         elif cache_path:
@@ -303,17 +303,21 @@ class Compilation:
             if d.rank != 0:
                 self.cache.open()
 
-    def start_ahead(self, what, command, spec, cwd):
-        """Start an AheadProcess compiling ``what``, unless nothing compiles here or the caches came loaded from
+    def compiles_ahead(self):
+        """Whether start_ahead starts processes: this run compiles, and its caches did not come loaded from
         --compile-cache (every graph is there already)."""
-        if self.enabled and not (self.cache is not None and self.cache.loaded):
-            self.ahead = AheadProcess(what, command, spec, cwd)
+        return self.enabled and not (self.cache is not None and self.cache.loaded)
 
-    def ahead_done(self, timeout=AHEAD_WAIT_S):
-        """Before compiling the AheadProcess's graph here: wait for it (at most timeout s) and log its line."""
-        if self.ahead is not None:
-            self.log(self.ahead.finish(timeout))
-            self.ahead = None
+    def start_ahead(self, what, command, spec, cwd):
+        """Start an AheadProcess compiling ``what`` (where compiles_ahead)."""
+        if self.compiles_ahead():
+            self.ahead[what] = AheadProcess(what, command, spec, cwd)
+
+    def ahead_done(self, what, timeout=AHEAD_WAIT_S):
+        """Before compiling ``what`` here: wait for its AheadProcess, if one was started (at most timeout s), and log
+        its line."""
+        if what in self.ahead:
+            self.log(self.ahead.pop(what).finish(timeout))
 
     def warmup(self, run):
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines

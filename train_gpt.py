@@ -37,8 +37,9 @@ micro-batch length and the documents' length bound are dynamic sizes too: one tr
 (model_inputs marks them). Attention (kernels/attention.py:
 FlashAttention's varlen kernels), the FP8 head with its loss and the fused MLP (kernels/mlp.py) are custom ops in
 the region; the fused MLP's are Triton ops, whose kernels AOT autograd traces into it as user-defined Triton kernels.
-While the compile warmup compiles the training step, a second process compiles the validation step into the same
-caches (compile_validation_ahead), and the warmup's validation then loads it.
+While the compile warmup compiles its first training graph, second processes compile the others (the other
+micro-batch lengths, on a GPU of 120 GiB or more) and the validation step into the same caches (compile_ahead), and
+the warmup then loads them.
 
 Optimizer (eager; our Triton kernels): gradients accumulate in fp32, are reduce-scattered along dim 0 (each
 group's in the last micro-step's backward as soon as it is complete, as the step's plan says: step_plan), then per
@@ -1645,14 +1646,39 @@ class Trainer:
         return (total / n).item()
 
 
-def warmup(trainer, log=None, ahead=lambda: None):
+def warmup_stages(hp):
+    """[(stage index, first step, micro-batch length T)]: the first stage of each micro-batch length, in the compile
+    warmup's order: the schedule's, or with --dynamic-tokens the longest first (inductor takes its kernels' size
+    hints from the length it compiles at and picks each kernel's configuration once, at its first launch, and the
+    longest stages take most of a run's time)."""
+    out, seen = [], set()
+    for i, (start, end, _) in enumerate(stage_bounds(hp)):
+        T = micro_tokens_at(hp, start)
+        if start < end and T not in seen:  # a stage of an earlier one's length: its windows and YaRN tables are
+            seen.add(T)                    # tensor arguments of the same graph
+            out.append((i, start, T))
+    if hp.dynamic_tokens:
+        out.sort(key=lambda s: -s[2])
+    return out
+
+
+def ahead_graphs(hp, device):
+    """The graphs a compiling run has second processes compile meanwhile (compile_ahead): each training micro-batch
+    length but the one the warmup compiles first (one graph in all with --dynamic-tokens), as "training step T=...",
+    then "validation step"; [(name, first step or None)]. The training ones only on a GPU of AHEAD_TRAINING_GIB or
+    more: each such process holds the parameters, the optimizer and one training micro-step's activations."""
+    train = [] if hp.dynamic_tokens else [(f"training step T={T}", start) for _, start, T in warmup_stages(hp)[1:]]
+    if device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < AHEAD_TRAINING_GIB * 2**30:
+        train = []
+    return train + [("validation step", None)]
+
+
+def warmup(trainer, log=None, ahead=lambda name: None):
     """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
-    every micro-batch shape (the first stage's with and without the slow Adam groups; with --dynamic-tokens only
-    the first compiles, the others run for their first launches), the untie and an untied slow step, a validation
-    micro-batch (after ahead(): waiting for the second process that compiled its graph meanwhile, see
-    compile_validation_ahead) and (--hellaswag-every) a HellaSwag pack; then a full state reset. With --dynamic-tokens the
-    longest micro-batch goes first: inductor takes its kernels' size hints from the length it compiles at and
-    picks each kernel's configuration once, at its first launch, and the longest stages take most of a run's time.
+    every micro-batch shape (warmup_stages; the first stage's with and without the slow Adam groups; with
+    --dynamic-tokens only the first compiles, the others run for their first launches), the untie and an untied
+    slow step, a validation micro-batch and (--hellaswag-every) a HellaSwag pack; then a full state reset. Before a
+    graph that a second process compiled meanwhile (ahead_graphs, compile_ahead), ahead(name) waits for it.
     Returns [(phase, seconds)], each also logged as it ends (``compile_phase:``)."""
     hp, cuda = trainer.hp, trainer.d.device.type == "cuda"
     phases = []
@@ -1666,19 +1692,16 @@ def warmup(trainer, log=None, ahead=lambda: None):
         if log is not None:
             log(f"compile_phase: {name}: {phases[-1][1]:.1f} s")
 
-    seen = set()
-    stages = list(enumerate(stage_bounds(hp)))
-    if hp.dynamic_tokens:  # the one graph compiles at the longest micro-batch (see the docstring)
-        stages.sort(key=lambda s: -micro_tokens_at(hp, s[1][0]))
-    for i, (start, end, stage) in stages:
-        T = micro_tokens_at(hp, start)
-        if start >= end or T in seen:
-            continue  # same shape as an earlier stage: its windows and YaRN tables are tensor arguments
-        seen.add(T)
+    bounds = stage_bounds(hp)
+    for i, start, T in warmup_stages(hp):
         trainer.loader.rewind(start)
-        steps = range(start, min(start + (hp.adam_every if i == 0 else 1), end))
-        for t in steps:  # the first stage also steps once with and once without the slow Adam groups
-            timed(f"stage{i} T={T} step {t}", lambda t=t: trainer.train_step(t, want_loss=False))
+        steps = range(start, min(start + (hp.adam_every if i == 0 else 1), bounds[i][1]))
+        for k, t in enumerate(steps):  # the first stage also steps once with and once without the slow Adam groups
+            def step(t=t, first=k == 0):
+                if first:
+                    ahead(f"training step T={T}")
+                trainer.train_step(t, want_loss=False)
+            timed(f"stage{i} T={T} step {t}", step)
     # An untied slow step (the last stage's first, or the first after the untie): the untie and the untied Adam
     # update (the embedding its own tensor) run once too.
     start = max(untie_step(hp), stage_bounds(hp)[-1][0])
@@ -1688,7 +1711,7 @@ def warmup(trainer, log=None, ahead=lambda: None):
         timed(f"untie + untied step {last}", lambda: trainer.train_step(last, want_loss=False))
 
     def validation():
-        ahead()
+        ahead("validation step")
         trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
     timed(f"validation T={hp.val_micro_tokens}", validation)
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
@@ -1726,24 +1749,28 @@ def checkpoint_saved_line(rank, path, t0):
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-AHEAD_ENTRY = "import train_gpt; train_gpt.compile_validation_ahead()"  # run in HERE, the spec on stdin
+AHEAD_ENTRY = "import train_gpt; train_gpt.compile_ahead()"  # run in HERE, the spec on stdin
+# ahead_graphs' training-step processes need a GPU of at least this many GiB: at world size 1 the default run's peak
+# is about 41 GiB allocated (51 reserved), and up to two such processes run beside its first training steps
+AHEAD_TRAINING_GIB = 120
 
 
-def validation_ahead_spec(hp, args, d, train_files, val_files):
-    """What compile_validation_ahead needs to make this run's validation step: the settings (no HellaSwag: its
-    examples are not read there), this rank's device, the shards, and --deterministic (torch's deterministic
-    algorithms are part of inductor's cache key)."""
+def ahead_spec(hp, args, d, train_files, val_files, step):
+    """What compile_ahead needs to make one of this run's graphs: the settings (no HellaSwag: its examples are not
+    read there), this rank's device, the shards, --deterministic (torch's deterministic algorithms are part of
+    inductor's cache key) and the graph: the training step at ``step``, or validation (None)."""
     return {"hp": dataclasses.asdict(dataclasses.replace(hp, hellaswag_every=0)), "device": str(d.device),
             "train_files": [str(f) for f in train_files], "val_files": [str(f) for f in val_files],
-            "deterministic": args.deterministic}
+            "deterministic": args.deterministic, "step": step}
 
 
-def compile_validation_ahead():
-    """The second process of a compiling run (train: Compilation.start_ahead, started before the Trainer): with the
-    run's settings from stdin (validation_ahead_spec) it makes a Trainer on the run's device and validates one
-    micro-batch, as the compile warmup will. Its validation step's graph goes into the compile caches while the run
-    compiles its training step, and the run's own validation step then loads it (a cache hit) instead of compiling
-    it. It ends with the run (end_with_the_parent)."""
+def compile_ahead():
+    """A second process of a compiling run (train: Compilation.start_ahead for each of ahead_graphs, started before
+    the Trainer): with the run's settings from stdin (ahead_spec) it makes a Trainer on the run's device and runs
+    one training step at the spec's step (its micro-batch length's graph), or validates one micro-batch, as the
+    compile warmup will. The graph goes into the compile caches while the run compiles another, and the run then
+    loads it (a cache hit) instead of compiling it. It prints the loss it got (the run's log shows none of its
+    output) and ends with the run (end_with_the_parent)."""
     spec = json.load(sys.stdin)
     end_with_the_parent()
     set_up_process(types.SimpleNamespace(deterministic=spec["deterministic"]))
@@ -1753,10 +1780,14 @@ def compile_validation_ahead():
         torch.cuda.set_device(device)
     trainer = Trainer(hp, Dist(device=device), spec["train_files"], spec["val_files"])
     try:
-        loss = trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
+        if spec["step"] is None:
+            loss, what = trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1), "validation"
+        else:
+            trainer.loader.rewind(spec["step"])
+            loss, what = trainer.train_step(spec["step"], want_loss=True), f"training step {spec['step']}"
     finally:
         trainer.loader.close()
-    print(f"validation_ahead: loss {loss!r} on one micro-batch", flush=True)  # the run's log shows none of it
+    print(f"compile_ahead: {what}: loss {loss!r}", flush=True)
 
 
 def train(hp, args, d, startup):
@@ -1770,8 +1801,10 @@ def train(hp, args, d, startup):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
-        compiling.start_ahead("validation step", [sys.executable, "-c", AHEAD_ENTRY],
-                              validation_ahead_spec(hp, args, d, train_files, val_files), HERE)
+        if compiling.compiles_ahead():
+            for name, step in ahead_graphs(hp, d.device):
+                compiling.start_ahead(name, [sys.executable, "-c", AHEAD_ENTRY],
+                                      ahead_spec(hp, args, d, train_files, val_files, step), HERE)
         startup.lap("compile cache")
         trainer = Trainer(hp, d, train_files, val_files, startup.lap)
         fns = trainer.fns

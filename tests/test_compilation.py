@@ -208,24 +208,34 @@ def test_ahead_process_still_running_at_the_timeout_is_ended(tmp_path):
     assert ahead.proc.poll() is not None, "the process was left running"
 
 
-def test_compilation_starts_an_ahead_process_only_where_it_compiles_a_graph(tmp_path, compiler_caches):
+def test_compilation_starts_ahead_processes_only_where_it_compiles_graphs(tmp_path, compiler_caches):
     """start_ahead starts nothing without compilation or with caches loaded from --compile-cache (every graph is
-    there); otherwise ahead_done waits for it and logs its line once."""
+    there); otherwise one process per graph, and ahead_done(name) waits for that one and logs its line once (a name
+    without a process: nothing)."""
     d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
-    args = ("validation step", [sys.executable, "-c", "import sys; sys.stdin.read()"], {}, str(tmp_path))
+    cmd = ([sys.executable, "-c", "import sys; sys.stdin.read()"], {}, str(tmp_path))
     lines = []
     off = Compilation(False, None, d, lines.append)
-    off.start_ahead(*args)
-    off.ahead_done()
-    assert off.ahead is None and lines == []
+    assert not off.compiles_ahead()
+    off.start_ahead("validation step", *cmd)
+    off.ahead_done("validation step")
+    assert off.ahead == {} and lines == []
     CompileCache(tmp_path / "cc", CompileCache.current_stamp(d.device)).open().save()
     loaded = Compilation(True, str(tmp_path / "cc"), d, lines.append)
-    assert loaded.cache.loaded
-    loaded.start_ahead(*args)
-    assert loaded.ahead is None
+    assert loaded.cache.loaded and not loaded.compiles_ahead()
+    loaded.start_ahead("validation step", *cmd)
+    assert loaded.ahead == {}
     on = Compilation(True, None, d, lines.append)
-    on.start_ahead(*args)
-    assert on.ahead is not None
-    on.ahead_done()
-    on.ahead_done()
+    assert on.compiles_ahead()
+    on.start_ahead("training step T=256", [sys.executable, "-c", "import sys; sys.exit(4)"], {}, str(tmp_path))
+    on.start_ahead("validation step", *cmd)
+    assert set(on.ahead) == {"training step T=256", "validation step"}
+    on.ahead_done("training step T=128")
+    assert lines == []
+    on.ahead_done("validation step")
+    on.ahead_done("validation step")
     assert len(lines) == 1 and lines[0].startswith("compile_ahead: validation step: compiled by a second process")
+    on.ahead_done("training step T=256")
+    assert lines[1] == ("compile_ahead: training step T=256: the second process failed (exit code 4: no output), "
+                        "compiling here")
+    assert on.ahead == {}

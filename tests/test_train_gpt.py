@@ -394,20 +394,24 @@ def test_embed_grad_paths_and_cpp_wrapper_change_no_bit_gpu(gpu_runs):
 
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
-def test_validation_step_compiled_by_the_second_process_is_a_cache_hit_gpu(gpu_runs):
-    """Run "a" compiles cold (gpu_runs: an inductor cache of its own, empty): its training-step graphs miss the FX
-    graph cache, and its validation step, compiled meanwhile by the second process (compile_validation_ahead,
-    --deterministic passed on), is a hit. A graph of the second process that differs from the run's (another
-    setting, input or guard) would miss here too."""
+def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
+    """Run "a" compiles cold (gpu_runs: an inductor cache of its own, empty): its first training graph (micro-batches
+    of 128 tokens) misses the FX graph cache, and the graphs that second processes compiled meanwhile (compile_ahead,
+    --deterministic passed on): the training step at 256 tokens on a GPU of AHEAD_TRAINING_GIB or more, and the
+    validation step, are hits. A graph of a second process that differs from the run's (another setting, input or
+    guard) would miss here too."""
     text = gpu_runs["a"][0]
-    assert re.search(r"^compile_ahead: validation step: compiled by a second process, done \d+\.\d s after its "
-                     r"start$", text, re.M), [x for x in text.splitlines() if x.startswith("compile_ahead")]
-    frames = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(
-        r"^compile_report: frame (\w+ \[\S+\]) .*; fx_graph_cache (\d+)/(\d+) hits", text, re.M)}
-    train = [v for k, v in frames.items() if k.startswith("train_step")]
-    val = [v for k, v in frames.items() if k.startswith("val_step")]
-    assert train and all(hits == 0 and n > 0 for hits, n in train), frames
-    assert val == [(1, 1)], frames
+    big = torch.cuda.get_device_properties(0).total_memory >= tg.AHEAD_TRAINING_GIB * 2**30
+    done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start$", text,
+                      re.M)
+    assert done == (["training step T=256"] if big else []) + ["validation step"], \
+        [x for x in text.splitlines() if x.startswith("compile_ahead")]
+    frames = [(m[1], int(m[2]), int(m[3])) for m in re.finditer(
+        r"^compile_report: frame (\w+) \[\S+\] .*; fx_graph_cache (\d+)/(\d+) hits", text, re.M)]
+    train = [(h, n) for f, h, n in frames if f == "train_step"]
+    assert len(train) == 2 and train[0][0] == 0 < train[0][1], frames
+    assert train[1] == ((train[1][1], train[1][1]) if big else (0, train[1][1])) and train[1][1] > 0, frames
+    assert [(h, n) for f, h, n in frames if f == "val_step"] == [(1, 1)], frames
 
 
 # Every change beyond record #74 to the model, its loss and its optimizer at once (the smoke config has each off:
@@ -492,29 +496,55 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
         tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
 
 
-def test_validation_ahead_process_validates_as_the_run_does(smoke_data):
-    """compile_validation_ahead, started as the run starts it (AHEAD_ENTRY in train_gpt.py's folder, the spec of
-    validation_ahead_spec on stdin), rebuilds the run's settings (HellaSwag off) and validates the micro-batch the
-    compile warmup validates: its loss is bitwise the run's own Trainer.validate(max_micro=1)."""
+@pytest.mark.parametrize("graph", ["validation", "stage 1"])
+def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph):
+    """compile_ahead, started as the run starts it (AHEAD_ENTRY in train_gpt.py's folder, the spec of ahead_spec on
+    stdin), rebuilds the run's settings (HellaSwag off) and validates the micro-batch the compile warmup validates,
+    or runs the training step the warmup runs first at stage 1's micro-batch length: its loss is bitwise the run's
+    own (Trainer.validate(max_micro=1), or train_step at that step from the initial state)."""
     hp = tg.smoke_hyperparameters(train_files=str(smoke_data / "smoke_train_*.bin"),
                                   val_files=str(smoke_data / "smoke_val_*.bin"), seed=2, hellaswag_every=5)
     d = Dist(device=torch.device("cpu"))
     train_files, val_files = shard_files(hp.train_files), shard_files(hp.val_files)
-    spec = tg.validation_ahead_spec(hp, types.SimpleNamespace(deterministic=True), d, train_files, val_files)
+    (_, first, T0), (_, step, T1) = tg.warmup_stages(hp)[:2]
+    assert (first, T0) == (0, 128) and T1 == 256 and step > 0
+    step = None if graph == "validation" else step
+    spec = tg.ahead_spec(hp, types.SimpleNamespace(deterministic=True), d, train_files, val_files, step)
     rebuilt = checkpoints.saved_hyperparameters("spec", {"hyperparameters": json.loads(json.dumps(spec["hp"]))},
                                                 tg.Hyperparameters, tg.Stage)
     assert rebuilt == dataclasses.replace(hp, hellaswag_every=0)
-    assert spec["device"] == "cpu" and spec["deterministic"] is True
+    assert spec["device"] == "cpu" and spec["deterministic"] is True and spec["step"] == step
     res = subprocess.run([sys.executable, "-c", tg.AHEAD_ENTRY], cwd=tg.HERE, input=json.dumps(spec), text=True,
                          capture_output=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    ahead = float(re.search(r"^validation_ahead: loss (\S+) on one micro-batch$", res.stdout, re.M)[1])
+    what = "validation" if step is None else f"training step {step}"
+    ahead = float(re.search(rf"^compile_ahead: {what}: loss (\S+)$", res.stdout, re.M)[1])
     tr = tg.Trainer(dataclasses.replace(hp, hellaswag_every=0), d, train_files, val_files)
     try:
-        mine = tr.validate(tg.windows_at(hp, hp.total_steps - 1), max_micro=1)
+        if step is None:
+            mine = tr.validate(tg.windows_at(hp, hp.total_steps - 1), max_micro=1)
+        else:
+            tr.loader.rewind(step)
+            mine = tr.train_step(step, want_loss=True)
     finally:
         tr.loader.close()
     assert ahead == mine
+
+
+def test_ahead_graphs_are_the_warmups_other_lengths_and_validation():
+    """ahead_graphs: every training micro-batch length of the schedule but the warmup's first (warmup_stages: the
+    schedule's order; the longest first with --dynamic-tokens, whose one graph leaves none), then validation; on
+    the CPU (no memory bound) the training ones too."""
+    hp = tg.Hyperparameters()
+    stages = tg.warmup_stages(hp)
+    assert [T for _, _, T in stages] == [16384, 32768, 49152]
+    assert [s for _, s, _ in stages] == [0, 458, 917]
+    cpu = torch.device("cpu")
+    assert tg.ahead_graphs(hp, cpu) == [("training step T=32768", 458), ("training step T=49152", 917),
+                                        ("validation step", None)]
+    dyn = dataclasses.replace(hp, dynamic_tokens=True)
+    assert [T for _, _, T in tg.warmup_stages(dyn)] == [49152, 32768, 16384]
+    assert tg.ahead_graphs(dyn, cpu) == [("validation step", None)]
 
 
 def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_data, monkeypatch):
