@@ -114,11 +114,13 @@ def _cache_counts(entries, prefix):
     return hits, hits + sum(getattr(x, f"{prefix}_miss_count", 0) or 0 for x in entries if x)
 
 
-def compile_report(metrics, phases):
+def compile_report(metrics, phases, ahead=frozenset()):
     """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
     Triton compilation, the backward's inductor and Triton time, the FX-graph and AOT-autograd cache hits) and a
     total; the cache state, from the FX-graph cache, is "cold" (no graph came from the inductor cache), "warm" (all
-    did) or "partly warm (h of n graphs from the cache)"."""
+    did) or "partly warm (h of n graphs from the cache)". ahead: the frames ("train_step [0/1]") whose graphs a
+    second process of this run compiled (AheadProcess): their lines say so, and the state leaves them out (it
+    says what the caches held when the run started)."""
     lines, hits, lookups = [], 0, 0
     backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
     # frames only: torch also records entries without a code object (runtime events), which carry no times
@@ -133,12 +135,15 @@ def compile_report(metrics, phases):
         b_total = _us(b, "backward_cumulative_compile_time_us") if b else 0.0
         b_tri = _us(b, "triton_compile_time_us") if b else 0.0
         h, n = _cache_counts((m, b), "inductor_fx_local_cache")
-        hits, lookups = hits + h, lookups + n
+        frame = f"{m.co_name} [{m.compile_id}]"
+        if frame not in ahead:
+            hits, lookups = hits + h, lookups + n
         ah, an = _cache_counts((m, b), "aotautograd_local_cache")
-        lines.append(f"compile_report: frame {m.co_name} [{m.compile_id}] ops {getattr(m, 'graph_op_count', '?')}: "
+        lines.append(f"compile_report: frame {frame} ops {getattr(m, 'graph_op_count', '?')}: "
                      f"{total:.1f} s (dynamo {total - aot:.1f}, aot_autograd {aot - ind:.1f}, inductor "
                      f"{ind:.1f} of which triton {tri:.1f}), lazily compiled backward {b_total:.1f} s (triton "
-                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits; aot_autograd_cache {ah}/{an} hits")
+                     f"{b_tri:.1f}); fx_graph_cache {h}/{n} hits; aot_autograd_cache {ah}/{an} hits"
+                     + ("; compiled by a second process" if frame in ahead else ""))
     # A frame's inductor time holds both of its graphs where AOT autograd compiles the backward together with
     # the forward (torch 2.11 on our GPUs: the backward's own entry then reads 0).
     frames = sum(1 for m in metrics if getattr(m, "is_forward", True) is not False)
@@ -231,12 +236,13 @@ class CompileCache:
         return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
 
 
-def log_compilation(log, phases, metrics, cache, d):
+def log_compilation(log, phases, metrics, cache, d, ahead=frozenset()):
     """After the compile warmup: compile_warmup_s (the phases' seconds), how the compile started (the
     compile_cache line: cold, warm, or loaded from --compile-cache) and the compile_report lines of the frames
-    ``metrics``; then rank 0 copies the caches into --compile-cache while the other ranks wait."""
+    ``metrics`` (ahead: compile_report's); then rank 0 copies the caches into --compile-cache while the other ranks
+    wait."""
     log(f"compile_warmup_s: {sum(s for _, s in phases):.1f}")
-    lines, state = compile_report(metrics, phases)
+    lines, state = compile_report(metrics, phases, ahead)
     log(f"compile_cache: {cache.describe(state) if cache is not None else state}")
     for line in lines:
         log(line)
@@ -255,7 +261,7 @@ class AheadProcess:
     the graph itself as it would have anyway; the other process's cache entries are written whole or not at all."""
 
     def __init__(self, what, command, spec, cwd):
-        self.what, self.t0 = what, time.perf_counter()
+        self.what, self.t0, self.ok = what, time.perf_counter(), False
         self.out = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=self.out,
                                      stderr=subprocess.STDOUT)
@@ -275,6 +281,7 @@ class AheadProcess:
                    f"ended, compiling here"
         wall = time.perf_counter() - self.t0
         if rc == 0:
+            self.ok = True
             return f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start"
         self.out.seek(0)
         lines = [x for x in self.out.read().decode(errors="replace").splitlines() if x.strip()]
@@ -291,7 +298,7 @@ class Compilation:
 
     def __init__(self, enabled, cache_path, d, log):
         self.enabled, self.d, self.log = enabled, d, log
-        self.cache, self.graphs, self.ahead = None, 0, {}
+        self.cache, self.graphs, self.ahead, self.ahead_ok = None, 0, {}, []
         if cache_path and not enabled:
             log(f"compile_cache: --compile-cache {cache_path} not used (nothing is compiled)")
         elif cache_path:
@@ -317,17 +324,21 @@ class Compilation:
         """Before compiling ``what`` here: wait for its AheadProcess, if one was started (at most timeout s), and log
         its line."""
         if what in self.ahead:
-            self.log(self.ahead.pop(what).finish(timeout))
+            process = self.ahead.pop(what)
+            self.log(process.finish(timeout))
+            if process.ok:
+                self.ahead_ok.append(what)
 
-    def warmup(self, run):
+    def warmup(self, run, frames=lambda names: frozenset()):
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines
-        (log_compilation). Without compilation run is not called (it would only repeat work): compile_warmup_s 0."""
+        (log_compilation, with frames(names of the graphs second processes compiled): their compile_report frames).
+        Without compilation run is not called (it would only repeat work): compile_warmup_s 0."""
         if not self.enabled:
             self.log("compile_warmup_s: 0.0")
             return
         n_before = len(compile_metrics())
         phases = run()
-        log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d)
+        log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d, frames(self.ahead_ok))
 
     def timed_run_starts(self):
         self.graphs = unique_graphs()

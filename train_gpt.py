@@ -1673,6 +1673,13 @@ def ahead_graphs(hp, device):
     return train + [("validation step", None)]
 
 
+def ahead_frames(hp, names):
+    """The compile_report frames of the graphs named ``names`` (ahead_graphs' names, compiled by second processes):
+    train_step compiles first, one frame per warmup_stages length in the warmup's order ([0/k]), then val_step."""
+    keys = {f"train_step [0/{k}]" for k, (_, _, T) in enumerate(warmup_stages(hp)) if f"training step T={T}" in names}
+    return frozenset(keys | ({"val_step [1/0]"} if "validation step" in names else set()))
+
+
 def warmup(trainer, log=None, ahead=lambda name: None):
     """Untimed, so that compilation and every kernel's first launch happen before the clock: a training step of
     every micro-batch shape (warmup_stages; the first stage's with and without the slow Adam groups; with
@@ -1816,7 +1823,7 @@ def train(hp, args, d, startup):
         log(f"val_tokens_used: {trainer.val_micro * hp.val_micro_tokens} "
             f"({trainer.val_micro} micro-batches of {hp.val_micro_tokens})")
         log(startup.line())
-        compiling.warmup(lambda: warmup(trainer, log, compiling.ahead_done))
+        compiling.warmup(lambda: warmup(trainer, log, compiling.ahead_done), lambda names: ahead_frames(hp, names))
         if hp.profile_steps > 0 and d.device.type == "cuda":
             launch_probes(trainer, log)
         if hp.profile_steps > 0:  # untimed, from the initial weights, then the state reset (profiling.profile_stages)

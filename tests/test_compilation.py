@@ -109,6 +109,14 @@ def test_compile_report_states_and_lines():
     assert compile_report([frame("0/0", 2, 0)], phases)[1] == "warm"
     assert compile_report([frame("0/0", 2, 0), frame("0/1", 0, 2)], phases)[1] == \
         "partly warm (2 of 4 graphs from the cache)"
+    # frames a second process compiled (hits that say nothing of the caches at the start) are named and left out
+    fresh = [frame("0/0", 0, 2), frame("0/1", 2, 0), frame("0/2", 2, 0)]
+    assert compile_report(fresh, phases)[1] == "partly warm (4 of 6 graphs from the cache)"
+    lines, state = compile_report(fresh, phases, frozenset({"train_step [0/1]", "train_step [0/2]"}))
+    assert state == "cold"
+    assert [line.endswith("; compiled by a second process") for line in lines[:3]] == [False, True, True]
+    assert compile_report([frame("0/0", 2, 0), frame("0/1", 2, 0)], phases, frozenset({"train_step [0/1]"}))[1] \
+        == "warm"
 
 
 def test_compilation_without_compiling_runs_no_warmup(tmp_path):

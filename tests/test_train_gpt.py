@@ -412,6 +412,9 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
     assert len(train) == 2 and train[0][0] == 0 < train[0][1], frames
     assert train[1] == ((train[1][1], train[1][1]) if big else (0, train[1][1])) and train[1][1] > 0, frames
     assert [(h, n) for f, h, n in frames if f == "val_step"] == [(1, 1)], frames
+    assert re.search(r"^compile_cache: cold$", text, re.M), "the run started cold: the second processes' hits aside"
+    marked = re.findall(r"^compile_report: frame (\w+ \[\S+\]) .*; compiled by a second process$", text, re.M)
+    assert marked == (["train_step [0/1]"] if big else []) + ["val_step [1/0]"], marked
 
 
 # Every change beyond record #74 to the model, its loss and its optimizer at once (the smoke config has each off:
@@ -545,6 +548,11 @@ def test_ahead_graphs_are_the_warmups_other_lengths_and_validation():
     dyn = dataclasses.replace(hp, dynamic_tokens=True)
     assert [T for _, _, T in tg.warmup_stages(dyn)] == [49152, 32768, 16384]
     assert tg.ahead_graphs(dyn, cpu) == [("validation step", None)]
+    # their compile_report frames: train_step's recompiles in the warmup's order, then val_step
+    assert tg.ahead_frames(hp, [name for name, _ in tg.ahead_graphs(hp, cpu)]) == {
+        "train_step [0/1]", "train_step [0/2]", "val_step [1/0]"}
+    assert tg.ahead_frames(hp, ["training step T=49152"]) == {"train_step [0/2]"}
+    assert tg.ahead_frames(dyn, ["validation step"]) == {"val_step [1/0]"}
 
 
 def test_fp8_head_weights_are_made_once_per_step_from_the_current_head(smoke_data, monkeypatch):
