@@ -29,7 +29,7 @@ class CheckpointError(ValueError):
 # Hyperparameters a resumed run may change: they change neither the training math nor the data it reads.
 RESUME_MAY_DIFFER = ("val_every", "save_every", "log_train_loss", "hellaswag_every", "hellaswag_file",
                      "hellaswag_limit", "profile_steps", "compile", "embed_grad_to_acc", "cpp_wrapper",
-                     "dynamic_tokens")
+                     "dynamic_tokens", "compile_ahead")
 # Settings that older checkpoints may hold and this trainer lacks; each changes no bit (--resume ignores them).
 RETIRED_SETTINGS = ("ce_fused_transpose",)  # a 2-D e5m2 CE backward
 # Settings that older checkpoints lack, each with the value under which this trainer computes what they computed

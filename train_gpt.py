@@ -176,6 +176,7 @@ class Hyperparameters:
     hellaswag_file: str = "data/hellaswag/hellaswag_val.jsonl"  # HellaSwag jsonl (python data/hellaswag.py)
     hellaswag_limit: int = 0  # evaluate only the first N HellaSwag examples (0: all)
     compile: bool = True  # torch.compile the model functions (always off on the CPU)
+    compile_ahead: bool = True  # while compiling, second processes compile the other graphs (ahead_graphs)
     # opt-in: extra inductor options (outside the public rules); the same kernels and bits, a longer cold compile
     cpp_wrapper: bool = False  # the compiled training step launches its kernels from C++ (inductor's cpp_wrapper)
     # opt-in: no compile option (torch._dynamo.mark_dynamic on the step's inputs); the same math, one graph to compile
@@ -1771,6 +1772,15 @@ def ahead_spec(hp, args, d, train_files, val_files, step):
             "deterministic": args.deterministic, "step": step}
 
 
+def start_compile_ahead(compiling, hp, args, d, train_files, val_files):
+    """Start a compile_ahead process for each of ahead_graphs, where the run compiles (Compilation.compiles_ahead)
+    and hp.compile_ahead (--no-compile-ahead: none)."""
+    if hp.compile_ahead and compiling.compiles_ahead():
+        for name, step in ahead_graphs(hp, d.device):
+            compiling.start_ahead(name, [sys.executable, "-c", AHEAD_ENTRY],
+                                  ahead_spec(hp, args, d, train_files, val_files, step), HERE)
+
+
 def compile_ahead():
     """A second process of a compiling run (train: Compilation.start_ahead for each of ahead_graphs, started before
     the Trainer): with the run's settings from stdin (ahead_spec) it makes a Trainer on the run's device and runs
@@ -1808,10 +1818,7 @@ def train(hp, args, d, startup):
         if d.rank == 0:
             tidy_checkpoints(args, log)
         compiling = Compilation(hp.compile, args.compile_cache, d, log)
-        if compiling.compiles_ahead():
-            for name, step in ahead_graphs(hp, d.device):
-                compiling.start_ahead(name, [sys.executable, "-c", AHEAD_ENTRY],
-                                      ahead_spec(hp, args, d, train_files, val_files, step), HERE)
+        start_compile_ahead(compiling, hp, args, d, train_files, val_files)
         startup.lap("compile cache")
         trainer = Trainer(hp, d, train_files, val_files, startup.lap)
         fns = trainer.fns

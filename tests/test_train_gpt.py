@@ -534,6 +534,32 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
     assert ahead == mine
 
 
+def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
+    """start_compile_ahead: one process per ahead_graphs entry, each with its spec, where the run compiles ahead;
+    none with --no-compile-ahead, none where Compilation says no (no compilation, a loaded --compile-cache)."""
+    hp, d = tg.Hyperparameters(), Dist(device=torch.device("cpu"))
+
+    class Compiling:
+        def __init__(self, ahead):
+            self.ahead, self.started = ahead, []
+
+        def compiles_ahead(self):
+            return self.ahead
+
+        def start_ahead(self, what, command, spec, cwd):
+            self.started.append((what, command, spec["step"], cwd))
+    args = types.SimpleNamespace(deterministic=False)
+    on = Compiling(True)
+    tg.start_compile_ahead(on, hp, args, d, ["t.bin"], ["v.bin"])
+    assert on.started == [(name, [sys.executable, "-c", tg.AHEAD_ENTRY], step, tg.HERE)
+                          for name, step in tg.ahead_graphs(hp, d.device)]
+    for hp_, compiling in ((dataclasses.replace(hp, compile_ahead=False), Compiling(True)), (hp, Compiling(False))):
+        tg.start_compile_ahead(compiling, hp_, args, d, ["t.bin"], ["v.bin"])
+        assert compiling.started == []
+    assert tg.parse_args(["--no-compile-ahead"], tg.Hyperparameters, tg.smoke_hyperparameters, "")[1].compile_ahead \
+        is False
+
+
 def test_ahead_graphs_are_the_warmups_other_lengths_and_validation():
     """ahead_graphs: every training micro-batch length of the schedule but the warmup's first (warmup_stages: the
     schedule's order; the longest first with --dynamic-tokens, whose one graph leaves none), then validation; on
