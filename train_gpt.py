@@ -1759,7 +1759,7 @@ def checkpoint_saved_line(rank, path, t0):
 HERE = os.path.dirname(os.path.abspath(__file__))
 AHEAD_ENTRY = "import train_gpt; train_gpt.compile_ahead()"  # run in HERE, the spec on stdin
 # ahead_graphs' training-step processes need a GPU of at least this many GiB: at world size 1 the default run's peak
-# is about 41 GiB allocated (51 reserved), and up to two such processes run beside its first training steps
+# is about 40 GiB allocated (50 reserved), and up to two such processes run beside its first training steps
 AHEAD_TRAINING_GIB = 120
 
 
