@@ -15,11 +15,12 @@
 #   .anchor/multi.sh 575 'rec2 0,1 record' 'ours2 2,3 ours --seed 0'
 #   GIT_SHA=abc1234 .anchor/multi.sh 560 'rec 1 record' 'o3 0 ours --seed 3' 'suite 2 suite'
 # Then on the CPU machine: python3 .anchor/side_table.py OURS_LOG RECORD_LOG
-# This copy (2026-11-29) differs from ../shared/anchor/multi.sh in three ways; copy it over .anchor/multi.sh after
+# This copy (2026-11-29) is notes/2026-11-27_WorldSize4x4H200/multi.sh (the record's second validation-shard name
+# at world size 4) with two more changes from ../shared/anchor/multi.sh; copy it over .anchor/multi.sh after
 # setup.sh. LIM_S counts from this script's start: each job gets what is left of it after the corpus build. Any
-# train_gpt.py left running by an earlier call is killed first: torchrun starts ranks in sessions of their own, and
-# a call's outer timeout that kills torchrun leaves record #74's ranks training (ours end with their launcher). The
-# GPUs' compute processes are printed before the jobs start.
+# train_gpt.py left running by an earlier call is killed first and last: torchrun starts ranks in sessions of their
+# own, and a call's outer timeout that kills torchrun leaves record #74's ranks training (ours end with their
+# launcher). The GPUs' compute processes are counted before the jobs start.
 set -u
 LIM=$1; shift
 pkill -f train_gpt.py && sleep 3
@@ -30,6 +31,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TIKTOKEN_CACHE_DIR=$A/tiktoken_cache
 [ -f /tmp/code/fineweb_val_000000.bin ] || python3 $A/bench/make_code_corpus.py /tmp/code > /tmp/corpus.log 2>&1 || { tail /tmp/corpus.log; exit 1; }
 ln -sfn /tmp/code $W/root/data/fineweb10B
+# the record's warmup reads one validation batch per warmup step (14 x world_size x 262,144 tokens): more than the
+# corpus's validation shard at world size 4. A second name of the same shard serves it; validations read the first.
+mkdir -p $W/rroot/data/fineweb10B; for f in /tmp/code/*.bin; do ln -sfn $f $W/rroot/data/fineweb10B/; done
+ln -sfn /tmp/code/fineweb_val_000000.bin $W/rroot/data/fineweb10B/fineweb_val_000001.bin
 stamp() { while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
 port=29700
 for job in "$@"; do
@@ -37,7 +42,7 @@ for job in "$@"; do
   n=$(echo "$gpus" | tr ',' '\n' | wc -l); first=${gpus%%,*}; port=$((port + 1)); log=$OUT/q/$name.log
   echo "launch $EPOCHREALTIME $(nvidia-smi --query-gpu=name --format=csv,noheader -i $first) $(hostname) gpus=$gpus job=$kind ${flags[*]}" > $log
   case $kind in
-    record|head|r88) (cd $A/$([ $kind = record ] && echo pr233 || echo $kind) && CUDA_VISIBLE_DEVICES=$gpus DATA_PATH=$W/root PYTHONPATH=$A/standin timeout -k 5 $((LIM - SECONDS)) \
+    record|head|r88) (cd $A/$([ $kind = record ] && echo pr233 || echo $kind) && CUDA_VISIBLE_DEVICES=$gpus DATA_PATH=$W/rroot PYTHONPATH=$A/standin timeout -k 5 $((LIM - SECONDS)) \
                torchrun --standalone --master_port=$port --nproc_per_node=$n train_gpt.py 2>&1 < /dev/null | stamp >> $log) & ;;
     ours) (CUDA_VISIBLE_DEVICES=$gpus timeout -k 5 $((LIM - SECONDS)) torchrun --standalone --master_port=$port --nproc_per_node=$n \
              train_gpt.py --train-files "/tmp/code/fineweb_train_*.bin" --val-files "/tmp/code/fineweb_val_*.bin" \
