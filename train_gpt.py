@@ -1663,22 +1663,28 @@ def warmup_stages(hp):
     return out
 
 
+def graph_name(T=None):
+    """A compiled graph's name in ahead_graphs, the warmup's waits and the log: the training step at micro-batch
+    length T, or (None) the validation step."""
+    return "validation step" if T is None else f"training step T={T}"
+
+
 def ahead_graphs(hp, device):
     """The graphs a compiling run has second processes compile meanwhile (compile_ahead): each training micro-batch
     length but the one the warmup compiles first (one graph in all with --dynamic-tokens), as "training step T=...",
     then "validation step"; [(name, first step or None)]. The training ones only on a GPU of AHEAD_TRAINING_GIB or
     more: each such process holds the parameters, the optimizer and one training micro-step's activations."""
-    train = [] if hp.dynamic_tokens else [(f"training step T={T}", start) for _, start, T in warmup_stages(hp)[1:]]
+    train = [] if hp.dynamic_tokens else [(graph_name(T), start) for _, start, T in warmup_stages(hp)[1:]]
     if device.type == "cuda" and torch.cuda.get_device_properties(device).total_memory < AHEAD_TRAINING_GIB * 2**30:
         train = []
-    return train + [("validation step", None)]
+    return train + [(graph_name(), None)]
 
 
 def ahead_frames(hp, names):
     """The compile_report frames of the graphs named ``names`` (ahead_graphs' names, compiled by second processes):
     train_step compiles first, one frame per warmup_stages length in the warmup's order ([0/k]), then val_step."""
-    keys = {f"train_step [0/{k}]" for k, (_, _, T) in enumerate(warmup_stages(hp)) if f"training step T={T}" in names}
-    return frozenset(keys | ({"val_step [1/0]"} if "validation step" in names else set()))
+    keys = {f"train_step [0/{k}]" for k, (_, _, T) in enumerate(warmup_stages(hp)) if graph_name(T) in names}
+    return frozenset(keys | ({"val_step [1/0]"} if graph_name() in names else set()))
 
 
 def warmup(trainer, log=None, ahead=lambda name: None):
@@ -1707,19 +1713,19 @@ def warmup(trainer, log=None, ahead=lambda name: None):
         for k, t in enumerate(steps):  # the first stage also steps once with and once without the slow Adam groups
             def step(t=t, first=k == 0):
                 if first:
-                    ahead(f"training step T={T}")
+                    ahead(graph_name(T))
                 trainer.train_step(t, want_loss=False)
             timed(f"stage{i} T={T} step {t}", step)
     # An untied slow step (the last stage's first, or the first after the untie): the untie and the untied Adam
     # update (the embedding its own tensor) run once too.
-    start = max(untie_step(hp), stage_bounds(hp)[-1][0])
+    start = max(untie_step(hp), bounds[-1][0])
     last = next((s for s in range(start, hp.total_steps) if slow_adam_step(hp, s)), None)
     if trainer.opt.tied and last is not None:
         trainer.loader.rewind(last)
         timed(f"untie + untied step {last}", lambda: trainer.train_step(last, want_loss=False))
 
     def validation():
-        ahead("validation step")
+        ahead(graph_name())
         trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1)
     timed(f"validation T={hp.val_micro_tokens}", validation)
     if trainer.hellaswag is not None:  # the first HellaSwag pack: the evaluation's first kernel launches
