@@ -219,7 +219,7 @@ def test_ahead_process_still_running_at_the_timeout_is_ended(tmp_path):
 def test_compilation_starts_ahead_processes_only_where_it_compiles_graphs(tmp_path, compiler_caches):
     """start_ahead starts nothing without compilation or with caches loaded from --compile-cache (every graph is
     there); otherwise one process per graph, and ahead_done(name) waits for that one and logs its line once (a name
-    without a process: nothing)."""
+    without a process: nothing); ahead_ok lists those that compiled (compile_report leaves their frames out)."""
     d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
     cmd = ([sys.executable, "-c", "import sys; sys.stdin.read()"], {}, str(tmp_path))
     lines = []
@@ -246,4 +246,4 @@ def test_compilation_starts_ahead_processes_only_where_it_compiles_graphs(tmp_pa
     on.ahead_done("training step T=256")
     assert lines[1] == ("compile_ahead: training step T=256: the second process failed (exit code 4: no output), "
                         "compiling here")
-    assert on.ahead == {}
+    assert on.ahead == {} and on.ahead_ok == ["validation step"], "only a graph compiled there is the process's"
