@@ -44,8 +44,8 @@ from run_log import dir_bytes, source_dump
 # declarations, not all in one file at -O3 (a shorter cold compile, steps no slower).
 CPP_WRAPPER_OPTIONS = {"cpp_wrapper": True, "triton.store_cubin": True, "cpp_wrapper_build_separate": True}
 
-# How long the compile warmup waits, when it needs the graph, for an AheadProcess still compiling it (a graph of the
-# default model compiles in 15-60 s; the processes start before the warmup's own first graph, which takes about as long)
+# How long the compile warmup waits, when it needs the graph, for an AheadProcess still compiling it: the processes
+# start before the warmup's own first graph, which takes about as long as theirs
 AHEAD_WAIT_S = 120.0
 
 

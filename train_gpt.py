@@ -1764,8 +1764,9 @@ def checkpoint_saved_line(rank, path, t0):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AHEAD_ENTRY = "import train_gpt; train_gpt.compile_ahead()"  # run in HERE, the spec on stdin
-# ahead_graphs' training-step processes need a GPU of at least this many GiB: at world size 1 the default run's peak
-# is about 40 GiB allocated (50 reserved), and up to two such processes run beside its first training steps
+# ahead_graphs' training-step processes need a GPU of at least this many GiB: each holds about what the run holds at
+# its peak (the parameters, the optimizer, one micro-step's activations; notes/2026-11-29_CompileAhead1xH200 has the
+# figures), and up to two of them run beside the run's first training steps
 AHEAD_TRAINING_GIB = 120
 
 
