@@ -253,12 +253,39 @@ def log_compilation(log, phases, metrics, cache, d, ahead=frozenset()):
             dist.barrier()
 
 
+AHEAD_REPORT = "compile_ahead_report: "
+
+
+def ahead_report(main_s, trainer_s, step_s, report_lines):
+    """A second process's last output line (train_gpt.compile_ahead), which AheadProcess.finish reads into the run's
+    log: the seconds of its main (to its Trainer, then the step that compiled) and its compile_report frame lines."""
+    frames = [x.removeprefix("compile_report: ") for x in report_lines if x.startswith("compile_report: frame ")]
+    return AHEAD_REPORT + json.dumps({"main_s": main_s, "trainer_s": trainer_s, "step_s": step_s, "frames": frames})
+
+
+def ahead_detail(wall, output):
+    """What a second process that compiled reported of its time (ahead_report, its output's last such line), as
+    the log line's tail: " (start 7.0 s, Trainer 5.1 s, step 64.2 s: frame ...)", where start is its seconds before
+    main (interpreter, imports); "" where it printed no report (or an unreadable one)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(AHEAD_REPORT):
+            try:
+                r = json.loads(line[len(AHEAD_REPORT):])
+                times = (f"start {wall - r['main_s']:.1f} s, Trainer {r['trainer_s']:.1f} s, step "
+                         f"{r['step_s']:.1f} s")
+                return f" ({times}" + "".join(f"; {f}" for f in r["frames"]) + ")"
+            except (ValueError, KeyError, TypeError):
+                return ""
+    return ""
+
+
 class AheadProcess:
     """A second process compiling ``what`` into the compile caches: ``command`` started at once in ``cwd`` with
     ``spec`` as JSON on its stdin, its output kept in a temporary file. ``finish(timeout)`` waits for it and returns
-    the log's ``compile_ahead:`` line: compiled (its seconds from the start), failed (its exit code and last output
-    line), or still running after timeout more seconds, then ended. Where it did not compile, this process compiles
-    the graph itself as it would have anyway; the other process's cache entries are written whole or not at all."""
+    the log's ``compile_ahead:`` line: compiled (its seconds from the start, then what it reported of them:
+    ahead_detail), failed (its exit code and last output line), or still running after timeout more seconds, then
+    ended. Where it did not compile, this process compiles the graph itself as it would have anyway; the other
+    process's cache entries are written whole or not at all."""
 
     def __init__(self, what, command, spec, cwd):
         self.what, self.t0, self.ok = what, time.perf_counter(), False
@@ -280,11 +307,13 @@ class AheadProcess:
             return f"compile_ahead: {self.what}: the second process was still running {timeout:.0f} s later: " \
                    f"ended, compiling here"
         wall = time.perf_counter() - self.t0
+        self.out.seek(0)
+        output = self.out.read().decode(errors="replace")
         if rc == 0:
             self.ok = True
-            return f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start"
-        self.out.seek(0)
-        lines = [x for x in self.out.read().decode(errors="replace").splitlines() if x.strip()]
+            return (f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start"
+                    + ahead_detail(wall, output))
+        lines = [x for x in output.splitlines() if x.strip()]
         return (f"compile_ahead: {self.what}: the second process failed (exit code {rc}: "
                 f"{lines[-1].strip() if lines else 'no output'}), compiling here")
 

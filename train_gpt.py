@@ -73,7 +73,7 @@ import torch.nn.functional as F
 from checkpoints import (ADDED_PARAMS, load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters,
                          tidy_checkpoints)
 from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
-from compilation import Compilation, cpp_wrapper_options
+from compilation import Compilation, ahead_report, compile_metrics, compile_report, cpp_wrapper_options
 from data.loader import BackgroundLoader, MicroBatch
 from data.prepare_text import load_gpt2
 from data.shards import ShardError, load_shard
@@ -1795,6 +1795,7 @@ def compile_ahead():
     compile warmup will. The graph goes into the compile caches while the run compiles another, and the run then
     loads it (a cache hit) instead of compiling it. It prints the loss it got (the run's log shows none of its
     output) and ends with the run (end_with_the_parent)."""
+    t0 = time.perf_counter()
     spec = json.load(sys.stdin)
     end_with_the_parent()
     set_up_process(types.SimpleNamespace(deterministic=spec["deterministic"]))
@@ -1803,6 +1804,7 @@ def compile_ahead():
     if device.type == "cuda":
         torch.cuda.set_device(device)
     trainer = Trainer(hp, Dist(device=device), spec["train_files"], spec["val_files"])
+    t1 = time.perf_counter()
     try:
         if spec["step"] is None:
             loss, what = trainer.validate(windows_at(hp, hp.total_steps - 1), max_micro=1), "validation"
@@ -1811,7 +1813,9 @@ def compile_ahead():
             loss, what = trainer.train_step(spec["step"], want_loss=True), f"training step {spec['step']}"
     finally:
         trainer.loader.close()
+    t2 = time.perf_counter()
     print(f"compile_ahead: {what}: loss {loss!r}", flush=True)
+    print(ahead_report(t2 - t0, t1 - t0, t2 - t1, compile_report(compile_metrics(), [])[0]), flush=True)
 
 
 def train(hp, args, d, startup):

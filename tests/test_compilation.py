@@ -195,6 +195,29 @@ def test_ahead_process_gets_its_spec_on_stdin_in_its_folder_and_reports_done(tmp
     assert json.loads((tmp_path / "got.json").read_text()) == {"hp": {"seed": 3}, "files": ["a", "b"]}
 
 
+def test_ahead_process_that_compiled_adds_what_it_reported_of_its_time(tmp_path):
+    """A second process's last report line (ahead_report: its main's seconds, its Trainer's, its step's, and its
+    compile_report frame lines) becomes the log line's tail: the seconds before its main are the wall time less its
+    main's; other compile_report lines (the total) are left out; output after it and a report that is no JSON
+    object of those keys give the plain line."""
+    report = compilation.ahead_report(0.5, 0.1, 0.3, [
+        "compile_report: frame val_step [0/0] ops 12: 1.2 s (dynamo 0.2, aot_autograd 0.3, inductor 0.7 of which "
+        "triton 0.1), lazily compiled backward 0.0 s (triton 0.0); fx_graph_cache 0/1 hits; aot_autograd_cache 0/1 "
+        "hits", "compile_report: 1 frames compiled, 1 graphs, compile 1.2 s of the warmup's 0.0 s (the rest: ...)"])
+    code = f"import time; time.sleep(2.0); print('compile_ahead: validation: loss 1.0'); print({report!r})"
+    line = _ahead(tmp_path, code).finish(60)
+    m = re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done (\d+\.\d) s after its start "
+                     r"\(start (\d+\.\d) s, Trainer 0\.1 s, step 0\.3 s; frame val_step \[0/0\] ops 12: 1\.2 s "
+                     r"\(dynamo 0\.2, aot_autograd 0\.3, inductor 0\.7 of which triton 0\.1\), lazily compiled backward "
+                     r"0\.0 s \(triton 0\.0\); fx_graph_cache 0/1 hits; aot_autograd_cache 0/1 hits\)", line)
+    assert m, line
+    assert float(m[1]) >= 2.0 and abs(float(m[2]) - (float(m[1]) - 0.5)) <= 0.11, line
+    for tail in ("compile_ahead_report: not json", 'compile_ahead_report: {"main_s": 1}', "compile_ahead_report: [1]"):
+        plain = _ahead(tmp_path, f"print({tail!r})").finish(60)
+        assert re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done \d+\.\d s after its "
+                            r"start", plain), (tail, plain)
+
+
 def test_ahead_process_that_fails_is_reported_with_its_exit_code_and_last_line(tmp_path):
     """A failure is one line: exit code and the last non-empty line it printed (stdout or stderr); a process that
     ends before reading its stdin is reported the same way."""

@@ -402,10 +402,12 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
     guard) would miss here too."""
     text = gpu_runs["a"][0]
     big = torch.cuda.get_device_properties(0).total_memory >= tg.AHEAD_TRAINING_GIB * 2**30
-    done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start$", text,
-                      re.M)
-    assert done == (["training step T=256"] if big else []) + ["validation step"], \
-        [x for x in text.splitlines() if x.startswith("compile_ahead")]
+    done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start \(start "
+                      r"\d+\.\d s, Trainer \d+\.\d s, step \d+\.\d s; frame (\w+) \[0/0\] ops \d+: .*; "
+                      r"fx_graph_cache 0/(\d+) hits; aot_autograd_cache 0/1 hits\)$", text, re.M)
+    assert [(what, frame) for what, frame, n in done if int(n) > 0] == \
+        ([("training step T=256", "train_step")] if big else []) + [("validation step", "val_step")], \
+        [x for x in text.splitlines() if x.startswith("compile_ahead")]  # each compiled its graph cold, one frame
     frames = [(m[1], int(m[2]), int(m[3])) for m in re.finditer(
         r"^compile_report: frame (\w+) \[\S+\] .*; fx_graph_cache (\d+)/(\d+) hits", text, re.M)]
     train = [(h, n) for f, h, n in frames if f == "train_step"]
@@ -522,6 +524,11 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
     assert res.returncode == 0, res.stdout + res.stderr
     what = "validation" if step is None else f"training step {step}"
     ahead = float(re.search(rf"^compile_ahead: {what}: loss (\S+)$", res.stdout, re.M)[1])
+    last = res.stdout.splitlines()[-1]  # its report for the run's log: seconds, no frames (the CPU runs eagerly)
+    report = json.loads(last.removeprefix("compile_ahead_report: "))
+    assert last.startswith("compile_ahead_report: ") and report["frames"] == [], last
+    assert 0 < report["trainer_s"] and 0 < report["step_s"] and report["trainer_s"] + report["step_s"] <= \
+        report["main_s"], report
     tr = tg.Trainer(dataclasses.replace(hp, hellaswag_every=0), d, train_files, val_files)
     try:
         if step is None:
