@@ -14,6 +14,8 @@ processes, stamped with the versions, the GPU and the hash of the code that ran.
 ``AheadProcess``: a second process that compiles a graph into the compile caches this process reads, while this
 one compiles another (train_gpt.py: the validation step and the training step's other micro-batch lengths, beside
 the first training step's compile): this process then loads that graph from the cache instead of compiling it.
+None start where the inductor cache holds a mark (``compiled_mark``) that a run of the same graphs finished its
+compile warmup with it: loading them, such processes would only slow the warmup.
 
 ``cpp_wrapper_options()``: the training step's inductor options under --cpp-wrapper, an opt-in outside the public
 speedrun's rules (no compile options beyond record #74's); it first installs what torch 2.11's C++ launcher needs
@@ -161,6 +163,12 @@ def inductor_cache_dir():
     """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     return Path(cache_dir())
+
+
+def compiled_mark(key):
+    """The file in the inductor cache that says a run whose compiled graphs have ``key`` (train_gpt.graphs_key)
+    finished its compile warmup with this cache (Compilation.warmup writes it)."""
+    return inductor_cache_dir() / "train_gpt_compiled" / key
 
 
 def triton_cache_dir():
@@ -323,10 +331,11 @@ class Compilation:
     opens --compile-cache PATH (rank 0 reads the stamp, and empties a stale cache, before the other ranks look;
     without compilation PATH is logged as unused). ``warmup`` runs and reports the compile warmup;
     ``timed_run_starts`` and ``log_recompiles`` bracket the timed run. d: the run's ranks and device
-    (distributed.Dist); log: its Logger."""
+    (distributed.Dist); log: its Logger; key: what its graphs depend on (train_gpt.graphs_key; None: no
+    compiled_mark is read or written)."""
 
-    def __init__(self, enabled, cache_path, d, log):
-        self.enabled, self.d, self.log = enabled, d, log
+    def __init__(self, enabled, cache_path, d, log, key=None):
+        self.enabled, self.d, self.log, self.key = enabled, d, log, key
         self.cache, self.graphs, self.ahead, self.ahead_ok = None, 0, {}, []
         if cache_path and not enabled:
             log(f"compile_cache: --compile-cache {cache_path} not used (nothing is compiled)")
@@ -338,11 +347,14 @@ class Compilation:
                 dist.barrier()
             if d.rank != 0:
                 self.cache.open()
+        # read after --compile-cache may have pointed inductor at its folder
+        self.marked = enabled and key is not None and compiled_mark(key).is_file()
 
     def compiles_ahead(self):
-        """Whether start_ahead starts processes: this run compiles, and its caches did not come loaded from
-        --compile-cache (every graph is there already)."""
-        return self.enabled and not (self.cache is not None and self.cache.loaded)
+        """Whether start_ahead starts processes: this run compiles, its caches did not come loaded from
+        --compile-cache, and the inductor cache holds no compiled_mark of its graphs (in either case every graph
+        is there already)."""
+        return self.enabled and not (self.cache is not None and self.cache.loaded) and not self.marked
 
     def start_ahead(self, what, command, spec, cwd):
         """Start an AheadProcess compiling ``what`` (where compiles_ahead)."""
@@ -361,13 +373,18 @@ class Compilation:
     def warmup(self, run, frames=lambda names: frozenset()):
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines
         (log_compilation, with frames(names of the graphs second processes compiled): their compile_report frames).
-        Without compilation run is not called (it would only repeat work): compile_warmup_s 0."""
+        Without compilation run is not called (it would only repeat work): compile_warmup_s 0. After the warmup
+        rank 0 writes the compiled_mark of the run's key."""
         if not self.enabled:
             self.log("compile_warmup_s: 0.0")
             return
         n_before = len(compile_metrics())
         phases = run()
         log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d, frames(self.ahead_ok))
+        if self.key is not None and self.d.rank == 0:
+            mark = compiled_mark(self.key)
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
 
     def timed_run_starts(self):
         self.graphs = unique_graphs()

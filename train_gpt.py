@@ -50,6 +50,7 @@ computes the same step up to fp32 summation order. CPU: the kernels' PyTorch ref
 """
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import os
@@ -73,7 +74,8 @@ import torch.nn.functional as F
 from checkpoints import (ADDED_PARAMS, load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters,
                          tidy_checkpoints)
 from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
-from compilation import Compilation, ahead_report, compile_metrics, compile_report, cpp_wrapper_options
+from compilation import (Compilation, CompileCache, ahead_report, compile_metrics, compile_report,
+                         cpp_wrapper_options)
 from data.loader import BackgroundLoader, MicroBatch
 from data.prepare_text import load_gpt2
 from data.shards import ShardError, load_shard
@@ -1779,9 +1781,27 @@ def ahead_spec(hp, args, d, train_files, val_files, step):
             "deterministic": args.deterministic, "step": step}
 
 
+# Settings that no compiled graph depends on: left out of graphs_key
+NOT_IN_GRAPHS = ("train_files", "val_files", "seed", "val_every", "save_every", "log_train_loss", "hellaswag_file",
+                 "hellaswag_limit", "profile_steps", "compile_ahead")
+
+
+def graphs_key(hp, args, d):
+    """What a run's compiled graphs depend on, as a hex digest: its settings but NOT_IN_GRAPHS, --deterministic,
+    and CompileCache's stamp for its device (the versions, the GPU, the code). Compilation keys its compiled_mark
+    with it. A setting wrongly left in only costs second processes that a warm run did not need."""
+    settings = {k: v for k, v in dataclasses.asdict(hp).items() if k not in NOT_IN_GRAPHS}
+    what = {"hp": settings, "deterministic": args.deterministic, "stamp": CompileCache.current_stamp(d.device)}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
 def start_compile_ahead(compiling, hp, args, d, train_files, val_files):
     """Start a compile_ahead process for each of ahead_graphs, where the run compiles (Compilation.compiles_ahead)
-    and hp.compile_ahead (--no-compile-ahead: none)."""
+    and hp.compile_ahead (--no-compile-ahead: none). Where the inductor cache holds this run's graphs already (its
+    compiled_mark), the log says so and none starts."""
+    if hp.compile_ahead and compiling.enabled and compiling.marked:
+        compiling.log("compile_ahead: none started: a run of these graphs finished its compile warmup with this "
+                      "inductor cache")
     if hp.compile_ahead and compiling.compiles_ahead():
         for name, step in ahead_graphs(hp, d.device):
             compiling.start_ahead(name, [sys.executable, "-c", AHEAD_ENTRY],
@@ -1828,7 +1848,8 @@ def train(hp, args, d, startup):
     with run_outcome(log, args, ckpt_dir, hp.total_steps, lambda: step):
         if d.rank == 0:
             tidy_checkpoints(args, log)
-        compiling = Compilation(hp.compile, args.compile_cache, d, log)
+        key = graphs_key(hp, args, d) if hp.compile else None
+        compiling = Compilation(hp.compile, args.compile_cache, d, log, key)
         start_compile_ahead(compiling, hp, args, d, train_files, val_files)
         startup.lap("compile cache")
         trainer = Trainer(hp, d, train_files, val_files, startup.lap)

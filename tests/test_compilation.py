@@ -208,8 +208,8 @@ def test_ahead_process_that_compiled_adds_what_it_reported_of_its_time(tmp_path)
     line = _ahead(tmp_path, code).finish(60)
     m = re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done (\d+\.\d) s after its start "
                      r"\(start (\d+\.\d) s, Trainer 0\.1 s, step 0\.3 s; frame val_step \[0/0\] ops 12: 1\.2 s "
-                     r"\(dynamo 0\.2, aot_autograd 0\.3, inductor 0\.7 of which triton 0\.1\), lazily compiled backward "
-                     r"0\.0 s \(triton 0\.0\); fx_graph_cache 0/1 hits; aot_autograd_cache 0/1 hits\)", line)
+                     r"\(dynamo 0\.2, aot_autograd 0\.3, inductor 0\.7 of which triton 0\.1\), lazily compiled "
+                     r"backward 0\.0 s \(triton 0\.0\); fx_graph_cache 0/1 hits; aot_autograd_cache 0/1 hits\)", line)
     assert m, line
     assert float(m[1]) >= 2.0 and abs(float(m[2]) - (float(m[1]) - 0.5)) <= 0.11, line
     for tail in ("compile_ahead_report: not json", 'compile_ahead_report: {"main_s": 1}', "compile_ahead_report: [1]"):
@@ -270,3 +270,33 @@ def test_compilation_starts_ahead_processes_only_where_it_compiles_graphs(tmp_pa
     assert lines[1] == ("compile_ahead: training step T=256: the second process failed (exit code 4: no output), "
                         "compiling here")
     assert on.ahead == {} and on.ahead_ok == ["validation step"], "only a graph compiled there is the process's"
+
+
+def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_second_processes(
+        tmp_path, compiler_caches):
+    """Compilation.warmup, on rank 0 once run() returned, writes a mark for its key in the inductor cache
+    (TORCHINDUCTOR_CACHE_DIR): a later Compilation of that key there is ``marked`` and compiles nothing ahead; another
+    key, another inductor cache, no key, no compilation, another rank or a warmup that raised leave or write no
+    mark."""
+    ind, _ = compiler_caches
+    d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    marks = lambda: sorted(str(p.relative_to(ind)) for p in ind.rglob("*") if p.is_file() and p.name != "graph.py")
+    first = Compilation(True, None, d, [].append, "k1")
+    assert not first.marked and first.compiles_ahead()
+    with pytest.raises(RuntimeError):
+        first.warmup(lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
+    Compilation(True, None, types.SimpleNamespace(rank=1, world=2, device=d.device), [].append, "k1").warmup(
+        lambda: [])
+    Compilation(False, None, d, [].append, "k1").warmup(lambda: [])
+    Compilation(True, None, d, [].append).warmup(lambda: [])
+    assert marks() == [] and Compilation(True, None, d, [].append, "k1").compiles_ahead()
+    first.warmup(lambda: [("stage0", 1.0)])
+    assert marks() == ["train_gpt_compiled/k1"]
+    again = Compilation(True, None, d, [].append, "k1")
+    assert again.marked and not again.compiles_ahead()
+    assert Compilation(True, None, d, [].append, "k2").compiles_ahead()
+    assert not Compilation(False, None, d, [].append, "k1").marked
+    other = tmp_path / "other_inductor"
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TORCHINDUCTOR_CACHE_DIR", str(other))
+        assert Compilation(True, None, d, [].append, "k1").compiles_ahead()

@@ -543,12 +543,14 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
 
 def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
     """start_compile_ahead: one process per ahead_graphs entry, each with its spec, where the run compiles ahead;
-    none with --no-compile-ahead, none where Compilation says no (no compilation, a loaded --compile-cache)."""
+    none with --no-compile-ahead, none where Compilation says no (no compilation, a loaded --compile-cache, the
+    graphs marked compiled in this inductor cache: then, unless --no-compile-ahead, the log says why)."""
     hp, d = tg.Hyperparameters(), Dist(device=torch.device("cpu"))
 
     class Compiling:
-        def __init__(self, ahead):
-            self.ahead, self.started = ahead, []
+        def __init__(self, ahead, marked=False):
+            self.ahead, self.marked, self.enabled, self.started, self.lines = ahead, marked, True, [], []
+            self.log = self.lines.append
 
         def compiles_ahead(self):
             return self.ahead
@@ -559,12 +561,36 @@ def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
     on = Compiling(True)
     tg.start_compile_ahead(on, hp, args, d, ["t.bin"], ["v.bin"])
     assert on.started == [(name, [sys.executable, "-c", tg.AHEAD_ENTRY], step, tg.HERE)
-                          for name, step in tg.ahead_graphs(hp, d.device)]
-    for hp_, compiling in ((dataclasses.replace(hp, compile_ahead=False), Compiling(True)), (hp, Compiling(False))):
+                          for name, step in tg.ahead_graphs(hp, d.device)] and on.lines == []
+    off = dataclasses.replace(hp, compile_ahead=False)
+    why = "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"
+    for hp_, compiling, lines in ((off, Compiling(True), []), (hp, Compiling(False), []),
+                                  (off, Compiling(False, True), []), (hp, Compiling(False, True), [why])):
         tg.start_compile_ahead(compiling, hp_, args, d, ["t.bin"], ["v.bin"])
-        assert compiling.started == []
+        assert compiling.started == [] and compiling.lines == lines
     assert tg.parse_args(["--no-compile-ahead"], tg.Hyperparameters, tg.smoke_hyperparameters, "")[1].compile_ahead \
         is False
+
+
+def test_graphs_key_follows_what_the_compiled_graphs_depend_on():
+    """graphs_key: the same for settings no graph depends on (the files, the seed, logging and evaluation cadence,
+    --no-compile-ahead itself); another for a model or schedule setting, --deterministic, or other code."""
+    hp, d = tg.Hyperparameters(), Dist(device=torch.device("cpu"))
+    args = types.SimpleNamespace(deterministic=False)
+    key = tg.graphs_key(hp, args, d)
+    assert re.fullmatch(r"[0-9a-f]{24}", key)
+    same = dict(train_files="other_*.bin", val_files="v_*.bin", seed=7, val_every=10, save_every=5,
+                log_train_loss=True, profile_steps=2, compile_ahead=False)
+    for k, v in same.items():
+        assert tg.graphs_key(dataclasses.replace(hp, **{k: v}), args, d) == key, k
+    for k, v in dict(num_layers=hp.num_layers - 1, xsa=not hp.xsa, scheduled_steps=1000,
+                     val_micro_tokens=hp.val_micro_tokens // 2).items():
+        assert tg.graphs_key(dataclasses.replace(hp, **{k: v}), args, d) != key, k
+    assert tg.graphs_key(hp, types.SimpleNamespace(deterministic=True), d) != key
+    stamp = dict(tg.CompileCache.current_stamp(d.device), code="0" * 16)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tg.CompileCache, "current_stamp", staticmethod(lambda device: stamp))
+        assert tg.graphs_key(hp, args, d) != key
 
 
 def test_ahead_graphs_are_the_warmups_other_lengths_and_validation():
