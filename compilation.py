@@ -23,12 +23,15 @@ speedrun's rules (no compile options beyond record #74's); it first installs wha
 configuration installs nothing into torch.
 """
 import hashlib
+import importlib
+import importlib.util
 import inspect
 import json
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -160,9 +163,21 @@ def compile_report(metrics, phases, ahead=frozenset()):
 
 
 def inductor_cache_dir():
-    """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-    return Path(cache_dir())
+    """Where inductor keeps compiled graphs and its Triton kernels (TORCHINDUCTOR_CACHE_DIR, else its default), from
+    torch's own cache_dir(). Before torch._inductor is imported its module is loaded from its file: importing it by
+    name first runs that package (a second or more, dynamo with it), which a run's startup imports later on a second
+    thread (train_gpt.Trainer: build_fns beside the parameters), after Compilation read its compiled_mark."""
+    name = "torch._inductor.runtime.cache_dir_utils"
+    module = sys.modules.get(name)
+    if module is None and "torch._inductor" not in sys.modules:
+        path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+        try:
+            spec = importlib.util.spec_from_file_location("_inductor_cache_dir_utils", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except (ImportError, OSError, AttributeError):
+            module = None
+    return Path((module or importlib.import_module(name)).cache_dir())
 
 
 def compiled_mark(key):

@@ -1,12 +1,16 @@
 """Tests of compilation.py: --compile-cache (save, load, a stale or unstamped cache, a path that is a file), the
-compile report's lines and cache states, and a run's Compilation without compilation. A smoke run with
+compile report's lines and cache states, a run's Compilation without compilation, the second processes
+(AheadProcess: spec, report, failure, timeout), the compiled mark and inductor's cache folder. A smoke run with
 --compile-cache and no compilation is tested in test_train_gpt.py."""
+import getpass
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -300,3 +304,26 @@ def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_s
     with pytest.MonkeyPatch.context() as m:
         m.setenv("TORCHINDUCTOR_CACHE_DIR", str(other))
         assert Compilation(True, None, d, [].append, "k1").compiles_ahead()
+
+
+@pytest.mark.parametrize("env", [None, "relative/inductor"])
+def test_inductor_cache_dir_is_torchs_without_importing_inductor(tmp_path, env):
+    """inductor_cache_dir(), called before torch._inductor is imported, leaves it unimported and gives the folder
+    torch's cache_dir() gives (imported afterwards, by name): TORCHINDUCTOR_CACHE_DIR made absolute, or without it
+    torchinductor_<user> in the temporary folder; the same once torch._inductor is imported."""
+    code = ("import sys, compilation; first = compilation.inductor_cache_dir(); "
+            "assert 'torch._inductor' not in sys.modules, 'imported'; "
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+            "print(first, cache_dir(), compilation.inductor_cache_dir(), sep='|')")
+    env_vars = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if env is not None:
+        env_vars["TORCHINDUCTOR_CACHE_DIR"] = env
+    env_vars["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(env_vars, PYTHONPATH=str(Path(compilation.__file__).parent)),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    first, torchs, after = res.stdout.strip().split("|")
+    user = getpass.getuser()
+    expected = tmp_path / env if env is not None else tmp_path / "tmp" / f"torchinductor_{user}"
+    assert first == torchs == after == str(expected)
