@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -304,38 +305,45 @@ def ahead_detail(wall, output):
 
 class AheadProcess:
     """A second process compiling ``what`` into the compile caches: ``command`` started at once in ``cwd`` with
-    ``spec`` as JSON on its stdin, its output kept in a temporary file. ``finish(timeout)`` waits for it and returns
-    the log's ``compile_ahead:`` line: compiled (its seconds from the start, then what it reported of them:
-    ahead_detail), failed (its exit code and last output line), or still running after timeout more seconds, then
-    ended. Where it did not compile, this process compiles the graph itself as it would have anyway; the other
-    process's cache entries are written whole or not at all."""
+    ``spec`` as JSON on its stdin, its output kept in a temporary file, a thread noting when it ends.
+    ``finish(timeout)`` waits for it and returns the log's ``compile_ahead:`` line: compiled (when it ended, from its
+    start, how long finish waited for it, then what it reported of its seconds: ahead_detail), failed (its exit code
+    and last output line), or still running after timeout more seconds, then ended. Where it did not compile, this
+    process compiles the graph itself as it would have anyway; the other process's cache entries are written whole
+    or not at all."""
 
     def __init__(self, what, command, spec, cwd):
-        self.what, self.t0, self.ok = what, time.perf_counter(), False
+        self.what, self.t0, self.ok, self.ended = what, time.perf_counter(), False, None
         self.out = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=self.out,
                                      stderr=subprocess.STDOUT)
+        self.watcher = threading.Thread(target=self._watch, name=f"compile_ahead: {what}", daemon=True)
+        self.watcher.start()
         try:
             self.proc.stdin.write(json.dumps(spec).encode())
             self.proc.stdin.close()
         except BrokenPipeError:  # it ended before reading: finish() reports its exit code and output
             pass
 
+    def _watch(self):
+        self.proc.wait()
+        self.ended = time.perf_counter()
+
     def finish(self, timeout):
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        asked = time.perf_counter()
+        self.watcher.join(timeout)
+        if self.watcher.is_alive():
             self.proc.kill()
-            self.proc.wait()
+            self.watcher.join()
             return f"compile_ahead: {self.what}: the second process was still running {timeout:.0f} s later: " \
                    f"ended, compiling here"
-        wall = time.perf_counter() - self.t0
+        rc, wall = self.proc.returncode, self.ended - self.t0
         self.out.seek(0)
         output = self.out.read().decode(errors="replace")
         if rc == 0:
             self.ok = True
-            return (f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start"
-                    + ahead_detail(wall, output))
+            return (f"compile_ahead: {self.what}: compiled by a second process, done {wall:.1f} s after its start, "
+                    f"waited for {max(0.0, self.ended - asked):.1f} s" + ahead_detail(wall, output))
         lines = [x for x in output.splitlines() if x.strip()]
         return (f"compile_ahead: {self.what}: the second process failed (exit code {rc}: "
                 f"{lines[-1].strip() if lines else 'no output'}), compiling here")

@@ -189,14 +189,30 @@ def _ahead(tmp_path, code, spec=None):
     return compilation.AheadProcess("the graph", [sys.executable, "-c", code], spec or {"x": 1}, str(tmp_path))
 
 
+# AheadProcess.finish's line for a process that compiled: when it ended (from its start), how long finish waited
+DONE = (r"compile_ahead: the graph: compiled by a second process, done (\d+\.\d) s after its start, waited for "
+        r"(\d+\.\d) s")
+
+
 def test_ahead_process_gets_its_spec_on_stdin_in_its_folder_and_reports_done(tmp_path):
     """The command runs in cwd with the spec as JSON on its stdin; finish() waits for it and says it compiled."""
     ahead = _ahead(tmp_path, "import json, sys, pathlib; pathlib.Path('got.json').write_text(sys.stdin.read())",
                    {"hp": {"seed": 3}, "files": ["a", "b"]})
     line = ahead.finish(60)
-    assert re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done \d+\.\d s after its start",
-                        line), line
+    assert re.fullmatch(DONE, line), line
     assert json.loads((tmp_path / "got.json").read_text()) == {"hp": {"seed": 3}, "files": ["a", "b"]}
+
+
+def test_ahead_process_done_is_when_it_ended_not_when_it_was_asked_for(tmp_path):
+    """"done" counts to the process's end, however late finish() comes, and "waited for" is how long finish()
+    waited: 0 for a process that ended before it was asked for, its remaining time for one still running."""
+    early = _ahead(tmp_path, "pass")
+    time.sleep(4.0)
+    m = re.fullmatch(DONE, early.finish(60))
+    assert m and float(m[1]) < 3.0 and float(m[2]) == 0.0, m
+    late = _ahead(tmp_path, "import time; time.sleep(3.0)")
+    m = re.fullmatch(DONE, late.finish(60))
+    assert m and 3.0 <= float(m[1]) and 2.0 <= float(m[2]) <= float(m[1]), m
 
 
 def test_ahead_process_that_compiled_adds_what_it_reported_of_its_time(tmp_path):
@@ -210,16 +226,14 @@ def test_ahead_process_that_compiled_adds_what_it_reported_of_its_time(tmp_path)
         "hits", "compile_report: 1 frames compiled, 1 graphs, compile 1.2 s of the warmup's 0.0 s (the rest: ...)"])
     code = f"import time; time.sleep(2.0); print('compile_ahead: validation: loss 1.0'); print({report!r})"
     line = _ahead(tmp_path, code).finish(60)
-    m = re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done (\d+\.\d) s after its start "
-                     r"\(start (\d+\.\d) s, Trainer 0\.1 s, step 0\.3 s; frame val_step \[0/0\] ops 12: 1\.2 s "
+    m = re.fullmatch(DONE + r" \(start (\d+\.\d) s, Trainer 0\.1 s, step 0\.3 s; frame val_step \[0/0\] ops 12: 1\.2 s "
                      r"\(dynamo 0\.2, aot_autograd 0\.3, inductor 0\.7 of which triton 0\.1\), lazily compiled "
                      r"backward 0\.0 s \(triton 0\.0\); fx_graph_cache 0/1 hits; aot_autograd_cache 0/1 hits\)", line)
     assert m, line
-    assert float(m[1]) >= 2.0 and abs(float(m[2]) - (float(m[1]) - 0.5)) <= 0.11, line
+    assert float(m[1]) >= 2.0 and abs(float(m[3]) - (float(m[1]) - 0.5)) <= 0.11, line
     for tail in ("compile_ahead_report: not json", 'compile_ahead_report: {"main_s": 1}', "compile_ahead_report: [1]"):
         plain = _ahead(tmp_path, f"print({tail!r})").finish(60)
-        assert re.fullmatch(r"compile_ahead: the graph: compiled by a second process, done \d+\.\d s after its "
-                            r"start", plain), (tail, plain)
+        assert re.fullmatch(DONE, plain), (tail, plain)
 
 
 def test_ahead_process_that_fails_is_reported_with_its_exit_code_and_last_line(tmp_path):
@@ -319,9 +333,10 @@ def test_inductor_cache_dir_is_torchs_without_importing_inductor(tmp_path, env):
     if env is not None:
         env_vars["TORCHINDUCTOR_CACHE_DIR"] = env
     env_vars["TMPDIR"] = str(tmp_path / "tmp")
+    env_vars["PYTHONPATH"] = str(Path(compilation.__file__).parent)
     (tmp_path / "tmp").mkdir()
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(env_vars, PYTHONPATH=str(Path(compilation.__file__).parent)),
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env_vars, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stderr
     first, torchs, after = res.stdout.strip().split("|")
     user = getpass.getuser()

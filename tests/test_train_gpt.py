@@ -402,8 +402,8 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
     guard) would miss here too."""
     text = gpu_runs["a"][0]
     big = torch.cuda.get_device_properties(0).total_memory >= tg.AHEAD_TRAINING_GIB * 2**30
-    done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start \(start "
-                      r"\d+\.\d s, Trainer \d+\.\d s, step \d+\.\d s; frame (\w+) \[0/0\] ops \d+: .*; "
+    done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start, "
+                      r"waited for \d+\.\d s \(start \d+\.\d s, Trainer \d+\.\d s, step \d+\.\d s; frame (\w+) \[0/0\] ops \d+: .*; "
                       r"fx_graph_cache 0/(\d+) hits; aot_autograd_cache 0/1 hits\)$", text, re.M)
     assert [(what, frame) for what, frame, n in done if int(n) > 0] == \
         ([("training step T=256", "train_step")] if big else []) + [("validation step", "val_step")], \
