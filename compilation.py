@@ -254,10 +254,24 @@ class CompileCache:
         if not self.loaded:
             for src, name in ((inductor_cache_dir(), "inductor"), (triton_cache_dir(), "triton")):
                 if src.is_dir():
-                    shutil.copytree(src, self.path / name, dirs_exist_ok=True)
+                    copy_cache_tree(src, self.path / name)
         (self.path / "stamp.json").write_text(json.dumps(self.stamp, indent=1) + "\n")
         size = dir_bytes(self.path) / 2 ** 20
         return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
+
+
+def copy_cache_tree(src, dst):
+    """Copy the cache folder src into dst (merging), skipping what another process compiling into src meanwhile
+    removes before it is copied: inductor and Triton write each entry as a temporary file and rename it, so a file
+    listed may be gone a moment later; an entry renamed into place after the listing is left out."""
+    for root, _, files in os.walk(src):
+        out = Path(dst) / Path(root).relative_to(src)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            try:
+                shutil.copy2(Path(root) / f, out / f)
+            except FileNotFoundError:
+                pass
 
 
 def log_compilation(log, phases, metrics, cache, d, ahead=frozenset()):

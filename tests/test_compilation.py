@@ -6,6 +6,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -342,3 +343,29 @@ def test_inductor_cache_dir_is_torchs_without_importing_inductor(tmp_path, env):
     user = getpass.getuser()
     expected = tmp_path / env if env is not None else tmp_path / "tmp" / f"torchinductor_{user}"
     assert first == torchs == after == str(expected)
+
+
+def test_copy_cache_tree_merges_and_skips_files_removed_while_it_copies(tmp_path, monkeypatch):
+    """copy_cache_tree copies every file of nested folders into dst (keeping what dst holds), and a file that
+    another process removes between the listing and its copy (an entry's temporary file, renamed) is skipped
+    instead of failing the save; shutil.copytree would raise there."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for rel, data in (("a/graph.py", b"g"), ("a/b/kernel.cubin", b"k" * 100), ("top.json", b"{}"),
+                      ("a/.1.2.tmp", b"partial")):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    (dst / "a").mkdir(parents=True)
+    (dst / "a" / "old.py").write_bytes(b"o")
+    real_copy = shutil.copy2
+
+    def racing_copy(s, d, **kw):
+        if Path(s).name == ".1.2.tmp":  # renamed away by its writer just now
+            Path(s).unlink()
+        return real_copy(s, d, **kw)
+    monkeypatch.setattr(shutil, "copy2", racing_copy)
+    with pytest.raises(shutil.Error):
+        shutil.copytree(src, tmp_path / "with_copytree", copy_function=racing_copy)
+    (src / "a" / ".1.2.tmp").write_bytes(b"partial")
+    compilation.copy_cache_tree(src, dst)
+    got = {str(p.relative_to(dst)): p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    assert got == {"a/graph.py": b"g", "a/b/kernel.cubin": b"k" * 100, "top.json": b"{}", "a/old.py": b"o"}

@@ -304,22 +304,24 @@ GPU_STEPS, GPU_RESUME_AT = 40, 16  # the resumed part crosses stage 1's start (1
 
 @pytest.fixture(scope="module")
 def gpu_runs(shared_build):
-    """Four runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
+    """Six runs of ``train_gpt.py --smoke --compile --deterministic`` on GPT-2-sized ids (vocabulary 50304, so the
     cross-entropy, embedding and optimizer kernels run at the speedrun's widths): 36 scheduled + 4 extension steps,
     through every batch-size stage (micro-batches of 128 then 256 tokens: two compiled shapes, plus validation) and the
-    untie (before step 19), validation every 5 steps, the train loss logged at every step. Run "a" first (it
-    compiles: the same compiled region per micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT
-    (16) steps and at step 40; then, side by side, run "b" (the same command again), run "resumed" (--resume a's
-    step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
+    untie (before step 19), validation every 5 steps, the train loss logged at every step. The inductor and Triton
+    caches are the fixture's own, empty at first. Run "a" first (it compiles: the same compiled region per
+    micro-batch shape the speedrun uses), checkpoints every GPU_RESUME_AT (16) steps and at step 40; then, side by
+    side, run "b" (the same command again, on a's caches, saving them with --compile-cache), run "resumed" (--resume
+    a's step-16 checkpoint, steps 17 to 40) and run "other_paths" (a's command with the other embedding backward and
     kernel launches: --no-embed-grad-to-acc, the dense gradients folded by the hooks, and --cpp-wrapper, the
     compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
     real resume are. Run "opt_in", beside those, is a's command with every model flag beyond record #74 (off in the
-    smoke config: OPT_IN_MODEL_FLAGS).
+    smoke config: OPT_IN_MODEL_FLAGS). Once b is done, run "cached" is a's command with empty caches of its own and
+    b's --compile-cache (a fresh machine's start from a copied cache).
     Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
     out = {}
-    for run in ("a", "b", "resumed", "other_paths", "opt_in"):
+    for run in ("a", "b", "resumed", "other_paths", "opt_in", "cached"):
         text, steps, vals = _parse(d / "logs" / f"{run}.txt")
         assert "compile_warmup_s:" in text and "recompiles_during_timed_run: 0" in text, run
         out[run] = (text, steps, vals, d / "ckpt" / run / f"step_{GPU_STEPS:06d}" / "rank0.pt")
@@ -335,25 +337,31 @@ def _gpu_runs(d):
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)  # an xdist worker's share (conftest): the run compiles alone
     env["TORCHINDUCTOR_CACHE_DIR"] = str(d / "inductor")  # run "a" compiles cold (its validation step aside)
+    env["TRITON_CACHE_DIR"] = str(d / "triton")  # our kernels' binaries: what --compile-cache copies beside inductor's
     if _gpt2_cache_dir() is not None:  # run "opt_in"'s --prefix-loss reads them
         env["TIKTOKEN_CACHE_DIR"] = str(_gpt2_cache_dir())
 
-    def start(run, *extra):
+    def start(run, *extra, caches=None):
         cmd = [sys.executable, str(REPO / "train_gpt.py"), "--smoke", "--compile", "--deterministic", "--train-loss",
                "--train-files", str(d / "det_train_*.bin"), "--val-files", str(d / "det_val_*.bin"),
                "--steps", str(GPU_STEPS - 4), "--extension-steps", "4", "--val-every", "5",
                "--run-id", run, "--log-dir", str(d / "logs"), "--checkpoint-dir", str(d / "ckpt"), *extra]
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        run_env = env if caches is None else dict(env, TORCHINDUCTOR_CACHE_DIR=str(d / caches / "inductor"),
+                                                  TRITON_CACHE_DIR=str(d / caches / "triton"))
+        return subprocess.Popen(cmd, cwd=REPO, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
 
     _finish(start("a", "--save-every", str(GPU_RESUME_AT)), None, timeout=900)
-    b = start("b")
+    b = start("b", "--compile-cache", str(d / "compile_cache"))
     resumed = start("resumed", "--resume", str(d / "ckpt" / "a" / f"step_{GPU_RESUME_AT:06d}"))
     other = start("other_paths", "--no-embed-grad-to-acc", "--cpp-wrapper")
     opt_in = start("opt_in", *OPT_IN_MODEL_FLAGS)
     _finish(b, None, timeout=900)
+    cached = start("cached", "--compile-cache", str(d / "compile_cache"), caches="empty_caches")
     _finish(resumed, None, timeout=900)
     _finish(other, None, timeout=900)
     _finish(opt_in, None, timeout=900)
+    _finish(cached, None, timeout=900)
 
 
 @on_gpu_runs
@@ -403,8 +411,9 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
     text = gpu_runs["a"][0]
     big = torch.cuda.get_device_properties(0).total_memory >= tg.AHEAD_TRAINING_GIB * 2**30
     done = re.findall(r"^compile_ahead: (.+): compiled by a second process, done \d+\.\d s after its start, "
-                      r"waited for \d+\.\d s \(start \d+\.\d s, Trainer \d+\.\d s, step \d+\.\d s; frame (\w+) \[0/0\] ops \d+: .*; "
-                      r"fx_graph_cache 0/(\d+) hits; aot_autograd_cache 0/1 hits\)$", text, re.M)
+                      r"waited for \d+\.\d s \(start \d+\.\d s, Trainer \d+\.\d s, step \d+\.\d s; "
+                      r"frame (\w+) \[0/0\] ops \d+: .*; fx_graph_cache 0/(\d+) hits; aot_autograd_cache 0/1 hits\)$",
+                      text, re.M)
     assert [(what, frame) for what, frame, n in done if int(n) > 0] == \
         ([("training step T=256", "train_step")] if big else []) + [("validation step", "val_step")], \
         [x for x in text.splitlines() if x.startswith("compile_ahead")]  # each compiled its graph cold, one frame
@@ -417,6 +426,42 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
     assert re.search(r"^compile_cache: cold$", text, re.M), "the run started cold: the second processes' hits aside"
     marked = re.findall(r"^compile_report: frame (\w+ \[\S+\]) .*; compiled by a second process$", text, re.M)
     assert marked == (["train_step [0/1]"] if big else []) + ["val_step [1/0]"], marked
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
+def test_a_warm_run_of_the_same_graphs_starts_no_second_processes_gpu(gpu_runs):
+    """Run "b" is run "a"'s command on a's caches: a's compile warmup left its graphs' mark there, so b starts no
+    second process and says why, and every graph it compiles is an FX graph cache hit. Run "a" itself (cold)
+    started its second processes (test_graphs_compiled_by_second_processes_are_cache_hits_gpu)."""
+    text = gpu_runs["b"][0]
+    assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == [
+        "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
+    hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
+                                                        text, re.M)]
+    assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
+    assert re.search(r"^compile_cache: warm \(--compile-cache \S+: empty: compiling\)$", text, re.M)
+    assert re.search(r"^compile_cache_saved: \S+ \d+ MiB in \d+\.\d s$", text, re.M)
+
+
+@on_gpu_runs
+@pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
+def test_compile_cache_loaded_into_empty_caches_is_warm_and_bitwise_gpu(gpu_runs):
+    """Run "cached" starts with empty inductor and Triton caches of its own and loads the --compile-cache run "b"
+    saved: the log says loaded, every compiled graph is an FX graph cache hit, no second process starts, and its
+    losses and final weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels are the ones
+    that ran there)."""
+    text, steps, vals, ckpt = gpu_runs["cached"]
+    assert re.search(r"^compile_cache: loaded \S+compile_cache \(warm\)$", text, re.M), \
+        [x for x in text.splitlines() if x.startswith("compile_cache")]
+    hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
+                                                        text, re.M)]
+    assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
+    assert not [x for x in text.splitlines() if x.startswith("compile_ahead")]
+    _, steps_a, vals_a, ckpt_a = gpu_runs["a"]
+    assert steps == steps_a and vals == vals_a
+    pa, pc = torch.load(ckpt_a, weights_only=False)["params"], torch.load(ckpt, weights_only=False)["params"]
+    assert all(torch.equal(pa[k], pc[k]) for k in pa)
 
 
 # Every change beyond record #74 to the model, its loss and its optimizer at once (the smoke config has each off:
