@@ -303,8 +303,9 @@ def ahead_report(main_s, trainer_s, step_s, report_lines):
 
 def ahead_detail(wall, output):
     """What a second process that compiled reported of its time (ahead_report, its output's last such line), as
-    the log line's tail: " (start 7.0 s, Trainer 5.1 s, step 64.2 s: frame ...)", where start is its seconds before
-    main (interpreter, imports); "" where it printed no report (or an unreadable one)."""
+    the log line's tail: " (start 7.0 s, Trainer 5.1 s, step 64.2 s; frame ...)", where start is its seconds from
+    its launch to its main (interpreter, imports: wall, its launch to its end, less its main's); "" where it
+    printed no report (or an unreadable one)."""
     for line in reversed(output.splitlines()):
         if line.startswith(AHEAD_REPORT):
             try:
