@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -316,7 +317,7 @@ def gpu_runs(shared_build):
     compiled step's kernels launched from C++). Subprocesses: each run is a fresh process, as a real run and a
     real resume are. Run "opt_in", beside those, is a's command with every model flag beyond record #74 (off in the
     smoke config: OPT_IN_MODEL_FLAGS). Once b is done, run "cached" is a's command with empty caches of its own and
-    b's --compile-cache (a fresh machine's start from a copied cache).
+    a copy of b's --compile-cache in another folder (a fresh machine's start from a copied cache).
     Built once per session (conftest's shared_build: one xdist worker runs them, the others wait
     and read). Returns {run: (log text, train losses, val losses, final checkpoint path)}."""
     d = shared_build("train_gpt_gpu_runs", _gpu_runs)
@@ -357,7 +358,9 @@ def _gpu_runs(d):
     other = start("other_paths", "--no-embed-grad-to-acc", "--cpp-wrapper")
     opt_in = start("opt_in", *OPT_IN_MODEL_FLAGS)
     _finish(b, None, timeout=900)
-    cached = start("cached", "--compile-cache", str(d / "compile_cache"), caches="empty_caches")
+    # a copy elsewhere, as a user carries the folder to another machine: nothing in it may depend on its path
+    shutil.copytree(d / "compile_cache", d / "moved_cache")
+    cached = start("cached", "--compile-cache", str(d / "moved_cache"), caches="empty_caches")
     _finish(resumed, None, timeout=900)
     _finish(other, None, timeout=900)
     _finish(opt_in, None, timeout=900)
@@ -447,12 +450,12 @@ def test_a_warm_run_of_the_same_graphs_starts_no_second_processes_gpu(gpu_runs):
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
 def test_compile_cache_loaded_into_empty_caches_is_warm_and_bitwise_gpu(gpu_runs):
-    """Run "cached" starts with empty inductor and Triton caches of its own and loads the --compile-cache run "b"
-    saved: the log says loaded, every compiled graph is an FX graph cache hit, no second process starts, and its
+    """Run "cached" starts with empty inductor and Triton caches of its own and loads a copy, in another folder, of
+    the --compile-cache run "b" saved: the log says loaded, every compiled graph is an FX graph cache hit, no second process starts, and its
     losses and final weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels are the ones
     that ran there)."""
     text, steps, vals, ckpt = gpu_runs["cached"]
-    assert re.search(r"^compile_cache: loaded \S+compile_cache \(warm\)$", text, re.M), \
+    assert re.search(r"^compile_cache: loaded \S+moved_cache \(warm\)$", text, re.M), \
         [x for x in text.splitlines() if x.startswith("compile_cache")]
     hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
                                                         text, re.M)]
