@@ -79,6 +79,30 @@ class Logger:
             print(line, flush=True)
 
 
+def host_line(cpuinfo="/proc/cpuinfo", cpu_max="/sys/fs/cgroup/cpu.max"):
+    """The log's ``host:`` line: the CPU model (Linux's /proc/cpuinfo, else platform.processor()), the logical CPUs
+    this process may run on (its affinity; a cgroup CPU quota, where one is set, as a count of CPUs) of the
+    machine's, and the load average at the start. Stage 0's short steps wait on the host's launches, so its step
+    time depends on the host: two runs on different or differently loaded hosts are no pair."""
+    model = platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        model = next(x.split(":", 1)[1].strip() for x in Path(cpuinfo).read_text().splitlines()
+                     if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = ""
+    try:
+        limit, period = Path(cpu_max).read_text().split()[:2]
+        if limit != "max":
+            quota = f", a cgroup quota of {int(limit) / int(period):g} CPUs"
+    except (OSError, ValueError):
+        pass
+    load = "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1, 5, 15 min)" \
+        if hasattr(os, "getloadavg") else "load average unknown"
+    return f"host: {model}, {usable} of {os.cpu_count()} logical CPUs usable{quota}, {load}"
+
+
 def header_lines(hp, d, train_files, val_files, continues=None):
     """The header's lines; continues: the run a resumed run continues ({"checkpoint", "step", "id", "log"}), named in
     a `continues:` line."""
@@ -98,6 +122,7 @@ def header_lines(hp, d, train_files, val_files, continues=None):
         f"cuda: {torch.version.cuda}",
         f"gpu: {gpu}",
         f"world_size: {d.world}",
+        host_line(),
         f"corpus: {hp.train_files} (val sha256[:16] {val_sha})",
         f"hyperparameters: {hp_json}",
         *resumed,

@@ -2,6 +2,7 @@
 modules beside train_gpt.py included), the header, the footer and the step clock. A smoke run's log:
 test_train_gpt.py; a log never overwritten and the run id's checks: test_reliability.py."""
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -37,9 +38,32 @@ def test_header_names_versions_corpus_and_hyperparameters(tmp_path):
     val = tmp_path / "v.bin"
     val.write_bytes(b"x" * 100)
     lines = run_log.header_lines(tg.smoke_hyperparameters(), Dist(), [tmp_path / "t.bin"], [val])
-    keys = [line.split(": ", 1)[0] for line in lines[:9]]
-    assert keys == ["git_sha", "python", "torch", "triton", "cuda", "gpu", "world_size", "corpus", "hyperparameters"]
+    keys = [line.split(": ", 1)[0] for line in lines[:10]]
+    assert keys == ["git_sha", "python", "torch", "triton", "cuda", "gpu", "world_size", "host", "corpus",
+                    "hyperparameters"]
     assert lines[5] == "gpu: cpu x 1" or torch.cuda.is_available()
+    assert " logical CPUs usable" in lines[7] and lines[7].endswith(" (1, 5, 15 min)")
+
+
+def test_host_line_names_the_cpu_the_usable_cpus_a_quota_and_the_load(tmp_path, monkeypatch):
+    """host_line: the first "model name" of cpuinfo, the affinity's CPU count of the machine's, a cgroup v2 quota
+    (quota / period CPUs; none for "max"), the three load averages; without those files the platform's name and no
+    quota."""
+    info, quota = tmp_path / "cpuinfo", tmp_path / "cpu.max"
+    info.write_text("processor\t: 0\nmodel name\t: Test CPU 9000 @ 3.0GHz\nflags\t: x\n\nprocessor\t: 1\n"
+                    "model name\t: Other\n")
+    quota.write_text("1600000 100000\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 0.25, 12.0), raising=False)
+    assert run_log.host_line(info, quota) == ("host: Test CPU 9000 @ 3.0GHz, 3 of 64 logical CPUs usable, a cgroup "
+                                              "quota of 16 CPUs, load average 1.50 0.25 12.00 (1, 5, 15 min)")
+    quota.write_text("max 100000\n")
+    assert run_log.host_line(info, quota) == ("host: Test CPU 9000 @ 3.0GHz, 3 of 64 logical CPUs usable, load "
+                                              "average 1.50 0.25 12.00 (1, 5, 15 min)")
+    monkeypatch.setattr(platform, "processor", lambda: "x86_64")
+    assert run_log.host_line(tmp_path / "none", tmp_path / "none") == (
+        "host: x86_64, 3 of 64 logical CPUs usable, load average 1.50 0.25 12.00 (1, 5, 15 min)")
 
 
 def test_footer_tokens_per_second_and_stage_means():
