@@ -1799,7 +1799,7 @@ def start_compile_ahead(compiling, hp, args, d, train_files, val_files):
     """Start a compile_ahead process for each of ahead_graphs, where the run compiles (Compilation.compiles_ahead)
     and hp.compile_ahead (--no-compile-ahead: none). Where the inductor cache holds this run's graphs already (its
     compiled_mark), the log says so and none starts."""
-    if hp.compile_ahead and compiling.enabled and compiling.marked:
+    if hp.compile_ahead and compiling.marked:
         compiling.log("compile_ahead: none started: a run of these graphs finished its compile warmup with this "
                       "inductor cache")
     if hp.compile_ahead and compiling.compiles_ahead():

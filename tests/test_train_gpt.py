@@ -597,7 +597,7 @@ def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
 
     class Compiling:
         def __init__(self, ahead, marked=False):
-            self.ahead, self.marked, self.enabled, self.started, self.lines = ahead, marked, True, [], []
+            self.ahead, self.marked, self.started, self.lines = ahead, marked, [], []
             self.log = self.lines.append
 
         def compiles_ahead(self):
