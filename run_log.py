@@ -80,15 +80,30 @@ class Logger:
 
 
 def host_line(cpuinfo="/proc/cpuinfo", cpu_max="/sys/fs/cgroup/cpu.max"):
-    """The log's ``host:`` line: the CPU model (Linux's /proc/cpuinfo, else platform.processor()), the logical CPUs
+    """The log's ``host:`` line: the CPU model (Linux's /proc/cpuinfo, else platform.processor()) with the first
+    CPU's family, model and stepping numbers and clock where cpuinfo has them (a virtual machine's model name can
+    be a generic "Intel(R) Xeon(R) Processor"; the numbers still tell processor generations apart), the logical CPUs
     this process may run on (its affinity; a cgroup CPU quota, where one is set, as a count of CPUs) of the
     machine's, and the load average at the start. Stage 0's short steps wait on the host's launches, so its step
     time depends on the host: two runs on different or differently loaded hosts are no pair."""
     model = platform.processor() or platform.machine() or "unknown CPU"
     try:
-        model = next(x.split(":", 1)[1].strip() for x in Path(cpuinfo).read_text().splitlines()
-                     if x.startswith("model name"))
-    except (OSError, StopIteration):
+        first = {}  # the first processor's fields: cpuinfo's blocks are separated by blank lines
+        for line in Path(cpuinfo).read_text().splitlines():
+            if not line.strip():
+                if first:
+                    break
+                continue
+            key, _, value = line.partition(":")
+            first.setdefault(key.strip(), value.strip())
+        model = first.get("model name", model)
+        ids = [f"{name} {first[key]}" for key, name in (("cpu family", "family"), ("model", "model"),
+                                                          ("stepping", "stepping")) if first.get(key)]
+        if first.get("cpu MHz"):
+            ids.append(f"{float(first['cpu MHz']):.0f} MHz")
+        if ids:
+            model += f" ({', '.join(ids)})"
+    except (OSError, ValueError):
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     quota = ""

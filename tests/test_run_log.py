@@ -51,7 +51,7 @@ def test_host_line_names_the_cpu_the_usable_cpus_a_quota_and_the_load(tmp_path, 
     quota."""
     info, quota = tmp_path / "cpuinfo", tmp_path / "cpu.max"
     info.write_text("processor\t: 0\nmodel name\t: Test CPU 9000 @ 3.0GHz\nflags\t: x\n\nprocessor\t: 1\n"
-                    "model name\t: Other\n")
+                    "model name\t: Other\ncpu family\t: 9\n")
     quota.write_text("1600000 100000\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -64,6 +64,24 @@ def test_host_line_names_the_cpu_the_usable_cpus_a_quota_and_the_load(tmp_path, 
     monkeypatch.setattr(platform, "processor", lambda: "x86_64")
     assert run_log.host_line(tmp_path / "none", tmp_path / "none") == (
         "host: x86_64, 3 of 64 logical CPUs usable, load average 1.50 0.25 12.00 (1, 5, 15 min)")
+
+
+def test_host_line_numbers_tell_apart_cpus_of_one_generic_name(tmp_path, monkeypatch):
+    """A virtual machine's cpuinfo may name every CPU "Intel(R) Xeon(R) Processor": the first processor's family,
+    model, stepping and clock follow the name (the second processor's are not read); a field that is missing is
+    left out."""
+    info, none = tmp_path / "cpuinfo", tmp_path / "none"
+    block = ("processor\t: {p}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {m}\n"
+             "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: {s}\ncpu MHz\t\t: {mhz}\n\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
+    tail = ", 16 of 16 logical CPUs usable, load average 0.00 0.00 0.00 (1, 5, 15 min)"
+    info.write_text(block.format(p=0, m=143, s=8, mhz="2099.998") + block.format(p=1, m=106, s=6, mhz="2600.000"))
+    assert run_log.host_line(info, none) == (
+        "host: Intel(R) Xeon(R) Processor (family 6, model 143, stepping 8, 2100 MHz)" + tail)
+    info.write_text(block.format(p=0, m=106, s=6, mhz="2600.000").replace("stepping\t: 6\n", ""))
+    assert run_log.host_line(info, none) == "host: Intel(R) Xeon(R) Processor (family 6, model 106, 2600 MHz)" + tail
 
 
 def test_footer_tokens_per_second_and_stage_means():
