@@ -71,6 +71,11 @@ def count(source):
     }
 
 
+def total(c):
+    """All launches of one graph's call: count's four kinds together."""
+    return c["inductor"] + c["ours"] + c["extern"] + c["ops"]
+
+
 def scan(folder):
     """[(path relative to folder, counts)] of every output module under folder, the most launches first."""
     folder = Path(folder)
@@ -87,7 +92,7 @@ def scan(folder):
             found.append((path.relative_to(folder).as_posix(), c))
     if not found:
         raise Usage(f"launch_counts: {folder}: no inductor output module (a .py file with a call function) in it")
-    found.sort(key=lambda pc: -(pc[1]["inductor"] + pc[1]["ours"] + pc[1]["extern"] + pc[1]["ops"]))
+    found.sort(key=lambda pc: -total(pc[1]))
     return found
 
 
@@ -98,10 +103,9 @@ def table(found, top=None, names=5):
     shown = found[:top] if top else found
     for path, c in shown:
         k = c["by_kind"]
-        total = c["inductor"] + c["ours"] + c["extern"] + c["ops"]
         lines.append(f"| `{path}` | {'backward' if c['backward'] else 'forward'} | {c['T'] or '-'} | "
                      f"{c['inductor']} ({k['poi']} / {k['red']} / {k['per']} / {k['other']}) | {c['ours']} | "
-                     f"{c['extern']} | {c['ops']} | {total} |")
+                     f"{c['extern']} | {c['ops']} | {total(c)} |")
     for path, c in shown:
         if names and c["names"]:
             common = ", ".join(f"{n} {k}" for n, k in c["names"].most_common(names))

@@ -1,6 +1,6 @@
 """Tests of records/launch_counts.py on synthetic inductor output modules written in tmp_path.
 
-The modules copy the shape of inductor's output (torch 2.11, 2026-11-29's cache: a ``Runner`` class whose
+The modules copy the shape of torch 2.11's inductor output (a ``Runner`` class whose
 ``call(self, args)`` allocates with ``empty_strided_cuda`` and launches by ``.run(``, ``extern_kernels.*`` and
 ``torch.ops.*``); the expected counts are written out by hand from their text below.
 """
