@@ -619,7 +619,7 @@ def make_attn_sublayer(hp, attend):
                       paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam (2,) multipliers of W_qkv and W_o, or None. ve (T, C) and ve_gate (H, G) or both None.
+        lam: the multipliers of W_qkv and W_o (a pair of 0-d tensors), or None. ve (T, C) and ve_gate (H, G) or both None.
         cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
@@ -728,19 +728,22 @@ def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
     single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
-    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C); resid 0-d and post (2,) fp32 or already in the
-    lanes' dtype (cast here), or per token (--mudd's layer L-1): resid (T, 1) and post (1, T, 1)."""
-    r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
+    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid 0-d, post (lane 0's, lane 1's) output weights
+    0-d (None where unread), fp32 or already in the lanes' dtype (cast here); or per token (--mudd's layer L-1):
+    resid and post[0] (T, 1)."""
+    r = resid.to(lane0.dtype)
+    w0, w1 = (None if w is None else w.to(lane0.dtype) for w in post)
     if lane1 is None:
-        return r * lane0 + (w[0] * out if weighted else out) + inject, None
-    return r * lane0 + w[0] * out + inject, r * lane1 + w[1] * out
+        return r * lane0 + (w0 * out if weighted else out) + inject, None
+    return r * lane0 + w0 * out + inject, r * lane1 + w1 * out
 
 
 def mlp_residual(lane0, lane1, out, resid, post):
     """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
     attn_residual's)."""
-    r, w = resid.to(lane0.dtype), post.to(lane0.dtype)
-    return r * lane0 + w[0] * out, None if lane1 is None else r * lane1 + w[1] * out
+    r = resid.to(lane0.dtype)
+    w0, w1 = (None if w is None else w.to(lane0.dtype) for w in post)
+    return r * lane0 + w0 * out, None if lane1 is None else r * lane1 + w1 * out
 
 
 def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
@@ -902,6 +905,48 @@ def embed_inputs(hp, params, ids, lookup, prep=None, bigram=None, bigram_prep=No
     return e, ves, big
 
 
+def take(t, read):
+    """{i: t[i]} for the indices i in read (t's first dimension), as the unbound slices of read's runs of
+    consecutive indices. The backward then writes the read rows' gradients alone (unbind's stack, into which the
+    scalars' gradient sums write directly) and pads the runs with zeros in one elementwise pass: an unbind of all of
+    t fills each unread row's zero gradient in a launch of its own, and indexing the rows of an unbind puts each
+    row's gradient back together in one more."""
+    out, run = {}, []
+    for i in sorted(set(read)) + [None]:
+        if run and (i is None or i != run[-1] + 1):
+            out.update(zip(run, t[run[0]:run[-1] + 1].unbind(0), strict=True))
+            run = []
+        if i is not None:
+            run.append(i)
+    return out
+
+
+def scalar_reads(hp):
+    """The entries of the scalar and gate tables that make_layers reads in hp's configuration, per table, as
+    indices into the views make_layers takes them from: scalars[:n + 2] (n = 2 * attention layers: the (W_qkv, W_o)
+    lambdas, then smear and backout), resid_lambdas flat (2 layer + sublayer; sublayer 0 attention, 1 MLP),
+    post_lambdas permuted to (lane, layer, sublayer) and flat, and the rows of x0_lambdas, bigram_lambdas,
+    xsa_alpha and ve_gate. Layer L-1 with --mudd takes per-token weights in place of its scalars and value gate; the
+    attention's output weight is read on one stream (lane 0) and where two lanes run (both), the MLP's lane-0 weight
+    always."""
+    L, n = hp.num_layers, 2 * len(hp.attn_layers)
+    static = [i for i in range(L) if not (hp.mudd and i == L - 1)]
+    attn = [i for i in static if i not in hp.no_attn_layers]
+    two = [i >= hp.parallel_start and not hp.one_stream for i in range(L)]
+    post = [2 * i for i in attn if hp.one_stream or two[i]] + [2 * i + 1 for i in static]
+    post += [2 * L + 2 * i + s for i in static for s in (0, 1) if two[i] and (s or i in attn)]
+    ve_layers = [i for i in hp.attn_layers if hp.ve_tables[i] >= 0]  # ve_gate's rows, in order
+    return {
+        "scalars": [*range(n)] * hp.attn_lambdas + [n] * hp.smear + [n + 1] * (hp.backout and not hp.mudd),
+        "resid": [2 * i + s for i in static for s in (0, 1) if s or i in attn],
+        "post": post,
+        "x0": attn,
+        "bigram": [0] + [i for i in attn if i > 0] if hp.bigram else [],
+        "xsa": list(hp.xsa_layers),
+        "ve_gate": [v for v, i in enumerate(ve_layers) if i in static],
+    }
+
+
 def make_layers(hp, attend, mlp=mlp_sublayer):
     """The function layers(params, e, ves, big, ids, cu, tables) -> final residual (T, C): the embedding prelude
     (smear, norm, bigram), every layer, the lane merge and backout, as straight-line tensor code (compiled as
@@ -914,6 +959,7 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
     five states into the final stream, which takes the backout's place (no backout_lambda)."""
     attn = make_attn_sublayer(hp, attend)
     paired, xsa_layers = hp.paired_layers, set(hp.xsa_layers)
+    reads, L = scalar_reads(hp), hp.num_layers
 
     def layers(params, e, ves, big, ids, cu, tables):
         bos = ids == hp.bos_id
@@ -925,25 +971,28 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         seq = DocSeq(cu, docs, max_len)
         seq2 = DocSeq(2 * cu, docs.repeat_interleave(2), 2 * max_len) if paired else None
         windows = {"short": tables.short, "long": tables.long}
-        # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and indexed after (the
-        # sublayers' own casts are then no-ops): per use, every scalar would be a cast of its own, one tiny kernel
-        # in the forward and one in the backward per use. The same values, and the same gradients: every element
-        # is still cast once, so its fp32 gradient is its one low-precision gradient, converted.
+        # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and the entries this
+        # configuration reads are taken from it (take; scalar_reads): per use, every scalar would be a cast of its
+        # own, one tiny kernel in the forward and one in the backward per use. The same values, and the same
+        # gradients: every element is still cast once, so its fp32 gradient is its one low-precision gradient,
+        # converted.
         lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
-        scalars = params["scalars"][:n + 2].to(lp)
-        smear_lambda, backout_lambda = scalars[n], scalars[n + 1]
+        scalars = take(params["scalars"][:n + 2].to(lp), reads["scalars"])
+        smear_lambda, backout_lambda = scalars.get(n), scalars.get(n + 1)
         skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
-        resid, post = params["resid_lambdas"].to(lp).unbind(0), params["post_lambdas"].to(lp).unbind(0)
-        x0_lams, b_lams = params["x0_lambdas"].to(lp).unbind(0), params["bigram_lambdas"].to(lp).unbind(0)
-        x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams[0], bos)
-        attn_lams = scalars[:n].view(-1, 2).unbind(0) if hp.attn_lambdas else None
+        resid = take(params["resid_lambdas"].to(lp).view(-1), reads["resid"])
+        post = take(params["post_lambdas"].to(lp).permute(2, 0, 1).reshape(-1), reads["post"])
+        x0_lams, b_lams = (take(params[k].to(lp), reads[r]) for k, r in (("x0_lambdas", "x0"),
+                                                                          ("bigram_lambdas", "bigram")))
+        x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams.get(0),
+                                  bos)
         attn_w = params["attn_bank"].unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].to(lp).unbind(0)
         # --xsa: tanh(alpha) of every layer and head, taken in fp32 and cast once (the rows XSA skips are unread)
-        xsa = torch.tanh(params["xsa_alpha"]).to(lp).unbind(0) if xsa_layers else None
-        ve_gates = params["ve_gate"].to(lp).unbind(0)
+        xsa = take(torch.tanh(params["xsa_alpha"]).to(lp), reads["xsa"]) if xsa_layers else {}
+        ve_gates = take(params["ve_gate"].to(lp), reads["ve_gate"])
         qscale = tables.qscale.to(lp)
         G = hp.gate_dims
         lane1, skip, back = None, None, None
@@ -963,14 +1012,15 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 lane1 = None if lane1 is None else lane1 + gate * skip
             # (residual weight, output weights) of the attention and the MLP: the layer's lambdas, or at layer L-1
             # with --mudd the per-token ones (T, 1) from mudd_layer, the output weight as its one lane, (1, T, 1)
-            weights = (((resid[i][0], post[i][0]), (resid[i][1], post[i][1])) if gates is None else
-                       ((gates.resid_attn, gates.post_attn[None]), (gates.resid_mlp, gates.post_mlp[None])))
+            weights = ([(resid.get(2 * i + s), (post.get(2 * i + s), post.get(2 * L + 2 * i + s))) for s in (0, 1)]
+                       if gates is None else
+                       ((gates.resid_attn, (gates.post_attn, None)), (gates.resid_mlp, (gates.post_mlp, None))))
             if i not in hp.no_attn_layers:
                 kind = "long" if i in hp.long_window_layers else "short"
                 t = hp.ve_tables[i]
-                ve, ve_gate = (ves[t], ve_gates[v]) if t >= 0 else (None, None)
+                ve, ve_gate = (ves[t], ve_gates.get(v)) if t >= 0 else (None, None)
                 v += t >= 0
-                lam = attn_lams[a] if attn_lams is not None else None
+                lam = (scalars[2 * a], scalars[2 * a + 1]) if hp.attn_lambdas else None
                 src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
                     out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,

@@ -1034,6 +1034,125 @@ def test_layers_cast_each_scalar_and_gate_table_once(xsa):
                                                                     ve_tables=(0, -1, -1, 0))) + 1
 
 
+def _backward_ops_traced(hp, T=256):
+    """Counts of the aten ops in the backward graph AOT autograd makes of fns.layers (CPU, dense attention, bf16
+    parameters), without compiling it."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+    params = tg.init_params(hp, torch.device("cpu"), 0)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
+    ids = torch.arange(T, dtype=torch.int32) % hp.bos_id
+    ids[[0, 100]] = hp.bos_id
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    try:
+        layers = torch.compile(fns.layers, backend=aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+                                                               bw_compiler=record),
+                               fullgraph=True, dynamic=False)
+        layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {})).float().sum().backward()
+    finally:
+        torch._dynamo.reset()
+    return collections.Counter(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+
+
+@pytest.mark.parametrize("layout", ["record74", "default"])
+def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
+    """The backward writes the scalar tables' gradients without a step per layer: no select_backward per row
+    (each is a put-back kernel of its own when compiled: a row indexed after an unbind) and no zero fill per
+    unread entry (a stacked gradient's unread slot). The backward graphs of 4 and of 6 layers hold the same
+    number of select_backward and zeros ops (the count grows with the depth when each layer's rows are put
+    back)."""
+    counts = []
+    for layers in (4, 6):
+        extra = {} if layout == "record74" else dict(one_stream=True, mudd=True, xsa=True, backout_layer=0,
+                                                      num_heads=4, head_dim=16)
+        hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,), **extra)
+        ops = _backward_ops_traced(hp)
+        counts.append({k: ops[k] for k in ("aten.select_backward.default", "aten.zeros.default")})
+    assert counts[0] == counts[1], f"backward ops at 4 layers {counts[0]}, at 6 {counts[1]}"
+
+
+def spec_scalar_reads(hp):
+    """Which entries of each scalar and gate table the model reads, as boolean masks in the tables' shapes (the
+    per-head tables by row), from the model's description: layer L-1 with MUDD takes per-token weights in place
+    of its residual, output, x0 and bigram scalars and its value gate; a layer without attention has no
+    attention sublayer; the attention's output weight exists on one stream (lane 0) and where two lanes run
+    (both lanes), the MLP's lane-0 weight in every layer; x0 and the bigram are injected after each attention (the
+    bigram's layer-0 weight in the prelude); XSA acts on the unpaired attention layers; scalars: the (W_qkv, W_o)
+    lambdas, smear, backout (not with MUDD: its final mix replaces it), skip (always)."""
+    L = hp.num_layers
+    static = [not (hp.mudd and i == L - 1) for i in range(L)]
+    has_attn = [i not in hp.no_attn_layers for i in range(L)]
+    two = [not hp.one_stream and i >= hp.parallel_start for i in range(L)]
+    post = torch.zeros(L, 2, 2, dtype=torch.bool)
+    resid = torch.zeros(L, 2, dtype=torch.bool)
+    for i in range(L):
+        for s in (0, 1):
+            if static[i] and (s == 1 or has_attn[i]):
+                resid[i, s] = True
+                post[i, s, 0] = s == 1 or hp.one_stream or two[i]
+                post[i, s, 1] = two[i]
+    attn = [static[i] and has_attn[i] for i in range(L)]
+    n = 2 * sum(has_attn)
+    ve_rows = [static[i] for i in range(L) if has_attn[i] and hp.ve_tables[i] >= 0]
+    return {
+        "scalars": torch.tensor([hp.attn_lambdas] * n + [hp.smear, hp.backout and not hp.mudd, True]),
+        "resid_lambdas": resid, "post_lambdas": post,
+        "x0_lambdas": torch.tensor(attn),
+        "bigram_lambdas": torch.tensor([hp.bigram and (i == 0 or attn[i]) for i in range(L)]),
+        "xsa_alpha": torch.tensor([hp.xsa and has_attn[i] and i not in hp.paired_layers for i in range(L)]),
+        "ve_gate": torch.tensor(ve_rows),
+    }
+
+
+SCALAR_LAYOUTS = {  # six layers, layer 3 without attention, MUDD's backout before layer L-2
+    "record74": {},
+    "one_stream": dict(one_stream=True, xsa=True),
+    "mudd": dict(one_stream=True, mudd=True, xsa=True),
+    "features_off": dict(bigram=False, smear=False, attn_lambdas=False, backout=False),
+}
+
+
+@pytest.mark.parametrize("layout", list(SCALAR_LAYOUTS))
+def test_scalar_reads_are_the_entries_with_gradients(layout):
+    """tg.scalar_reads (the entries make_layers takes from each table) is the spec's set of read entries, and a
+    training micro-batch's gradient is nonzero on exactly those (perturbed parameters): a declared entry the
+    model does not read would cost a zero fill, one it reads and does not declare would fail to trace."""
+    hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511, num_layers=6, no_attn_layers=(3,),
+                                  ve_tables=(0, -1, 1, -1, -1, 0), long_window_layers=(1, 5), skip_from=1, skip_to=3,
+                                  parallel_start=4, backout_layer=1, num_heads=4, head_dim=16,
+                                  **SCALAR_LAYOUTS[layout])
+    spec = spec_scalar_reads(hp)
+    grads = _training_grads(hp, "cpu")
+    for k, mask in spec.items():
+        g = torch.zeros(mask.shape) if grads[k] is None else grads[k]  # None: the table is not read at all
+        got = (g != 0) if g.dim() == mask.dim() else (g != 0).flatten(1).any(1)
+        assert torch.equal(got, mask), f"{layout}: {k}: gradient on {got.int().tolist()}, reads {mask.int().tolist()}"
+    declared = tg.scalar_reads(hp)
+    L, n = hp.num_layers, 2 * len(hp.attn_layers)
+    views = {"scalars": spec["scalars"][:n + 2], "resid": spec["resid_lambdas"].reshape(-1),
+             "post": spec["post_lambdas"].permute(2, 0, 1).reshape(-1), "x0": spec["x0_lambdas"],
+             "bigram": spec["bigram_lambdas"], "xsa": spec["xsa_alpha"], "ve_gate": spec["ve_gate"]}
+    assert set(declared) == set(views)
+    for k, mask in views.items():
+        assert sorted(declared[k]) == torch.nonzero(mask).flatten().tolist(), f"{layout}: scalar_reads[{k!r}]"
+
+
+def test_take_returns_the_rows_of_runs_as_views():
+    t = torch.arange(24.0).view(8, 3)
+    got = tg.take(t, [6, 0, 2, 3, 7, 3])
+    assert sorted(got) == [0, 2, 3, 6, 7]
+    for i, row in got.items():
+        assert torch.equal(row, t[i]) and row.data_ptr() == t[i].data_ptr()
+    assert tg.take(t, []) == {}
+
+
 # ----------------------------------------------------------------------------------------------------
 # FP8 head
 
