@@ -990,25 +990,33 @@ def test_one_stream_gradients_reach_lane_zero_weights_only(device):
     assert not post[:, :, 1].any()
 
 
-def _float_casts_traced(hp, T=256):
-    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) in the graph dynamo
-    traces from fns.layers (CPU, dense attention), without compiling it."""
+def _trace_layers(hp, backend, backward=False, T=256):
+    """Run fns.layers (CPU, dense attention, init_params) once under torch.compile with ``backend`` (a graph
+    recorder), then the backward of its sum with ``backward``."""
     params = tg.init_params(hp, torch.device("cpu"), 0)
     fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
     ids = torch.arange(T, dtype=torch.int32) % hp.bos_id
     ids[[0, 100]] = hp.bos_id
+    torch._dynamo.reset()
+    try:
+        layers = torch.compile(fns.layers, backend=backend, fullgraph=True, dynamic=False)
+        x = layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {}))
+        if backward:
+            x.float().sum().backward()
+    finally:
+        torch._dynamo.reset()
+
+
+def _float_casts_traced(hp):
+    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) in the graph dynamo
+    traces from fns.layers, without compiling it."""
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.reset()
-    try:
-        layers = torch.compile(fns.layers, backend=record, fullgraph=True, dynamic=False)
-        layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {}))
-    finally:
-        torch._dynamo.reset()
+    _trace_layers(hp, record)
     casts = 0
     for node in graphs[0].graph.nodes:
         if node.op in ("call_method", "call_function") and node.target in ("to", torch.Tensor.to):
@@ -1034,29 +1042,18 @@ def test_layers_cast_each_scalar_and_gate_table_once(xsa):
                                                                     ve_tables=(0, -1, -1, 0))) + 1
 
 
-def _backward_ops_traced(hp, T=256):
-    """Counts of the aten ops in the backward graph AOT autograd makes of fns.layers (CPU, dense attention, bf16
-    parameters), without compiling it."""
-    from torch._dynamo.backends.common import aot_autograd
+def _backward_ops_traced(hp):
+    """Counts of the aten ops in the backward graph AOT autograd makes of fns.layers, without compiling it."""
     from functorch.compile import make_boxed_func
-    params = tg.init_params(hp, torch.device("cpu"), 0)
-    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=False, attention="dense")
-    ids = torch.arange(T, dtype=torch.int32) % hp.bos_id
-    ids[[0, 100]] = hp.bos_id
+    from torch._dynamo.backends.common import aot_autograd
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    torch._dynamo.reset()
-    try:
-        layers = torch.compile(fns.layers, backend=aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
-                                                               bw_compiler=record),
-                               fullgraph=True, dynamic=False)
-        layers(*tg.model_inputs(hp, params, fns, tg.MicroBatch(ids), (1, 2), {})).float().sum().backward()
-    finally:
-        torch._dynamo.reset()
+    _trace_layers(hp, aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(gm.forward), bw_compiler=record),
+                  backward=True)
     return collections.Counter(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
 
 
