@@ -619,7 +619,8 @@ def make_attn_sublayer(hp, attend):
                       paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam: the multipliers of W_qkv and W_o (a pair of 0-d tensors), or None. ve (T, C) and ve_gate (H, G) or both None.
+        lam: the multipliers of W_qkv and W_o (a pair of 0-d tensors), or None. ve (T, C) and ve_gate (H, G) or both
+        None.
         cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
@@ -1010,8 +1011,8 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                     x0[:, :G] @ params["skip_gate"].to(x0.dtype).T)  # (T, 1)
                 lane0 = lane0 + gate * skip
                 lane1 = None if lane1 is None else lane1 + gate * skip
-            # (residual weight, output weights) of the attention and the MLP: the layer's lambdas, or at layer L-1
-            # with --mudd the per-token ones (T, 1) from mudd_layer, the output weight as its one lane, (1, T, 1)
+            # (residual weight, (lane 0's, lane 1's output weight)) of the attention and the MLP: the layer's
+            # lambdas (None where unread), or at layer L-1 with --mudd the per-token ones (T, 1) from mudd_layer
             weights = ([(resid.get(2 * i + s), (post.get(2 * i + s), post.get(2 * L + 2 * i + s))) for s in (0, 1)]
                        if gates is None else
                        ((gates.resid_attn, (gates.post_attn, None)), (gates.resid_mlp, (gates.post_mlp, None))))
