@@ -725,6 +725,11 @@ def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
+def lane_weights(resid, post, dtype):
+    """(resid, lane 0's output weight, lane 1's) cast to the lanes' dtype; an unread weight (None) stays None."""
+    return resid.to(dtype), *(None if w is None else w.to(dtype) for w in post)
+
+
 def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
@@ -732,8 +737,7 @@ def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid 0-d, post (lane 0's, lane 1's) output weights
     0-d (None where unread), fp32 or already in the lanes' dtype (cast here); or per token (--mudd's layer L-1):
     resid and post[0] (T, 1)."""
-    r = resid.to(lane0.dtype)
-    w0, w1 = (None if w is None else w.to(lane0.dtype) for w in post)
+    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
     if lane1 is None:
         return r * lane0 + (w0 * out if weighted else out) + inject, None
     return r * lane0 + w0 * out + inject, r * lane1 + w1 * out
@@ -742,8 +746,7 @@ def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
 def mlp_residual(lane0, lane1, out, resid, post):
     """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
     attn_residual's)."""
-    r = resid.to(lane0.dtype)
-    w0, w1 = (None if w is None else w.to(lane0.dtype) for w in post)
+    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
     return r * lane0 + w0 * out, None if lane1 is None else r * lane1 + w1 * out
 
 
@@ -912,13 +915,11 @@ def take(t, read):
     scalars' gradient sums write directly) and pads the runs with zeros in one elementwise pass: an unbind of all of
     t fills each unread row's zero gradient in a launch of its own, and indexing the rows of an unbind puts each
     row's gradient back together in one more."""
-    out, run = {}, []
-    for i in sorted(set(read)) + [None]:
-        if run and (i is None or i != run[-1] + 1):
-            out.update(zip(run, t[run[0]:run[-1] + 1].unbind(0), strict=True))
-            run = []
-        if i is not None:
-            run.append(i)
+    out, read = {}, sorted(set(read))
+    starts = [k for k in range(len(read)) if k == 0 or read[k] != read[k - 1] + 1]  # where each run begins
+    for a, b in zip(starts, starts[1:] + [len(read)]):
+        run = read[a:b]
+        out.update(zip(run, t[run[0]:run[-1] + 1].unbind(0), strict=True))
     return out
 
 
@@ -938,7 +939,8 @@ def scalar_reads(hp):
     post += [2 * L + 2 * i + s for i in static for s in (0, 1) if two[i] and (s or i in attn)]
     ve_layers = [i for i in hp.attn_layers if hp.ve_tables[i] >= 0]  # ve_gate's rows, in order
     return {
-        "scalars": [*range(n)] * hp.attn_lambdas + [n] * hp.smear + [n + 1] * (hp.backout and not hp.mudd),
+        "scalars": ([*range(n)] if hp.attn_lambdas else []) + ([n] if hp.smear else [])
+        + ([n + 1] if hp.backout and not hp.mudd else []),
         "resid": [2 * i + s for i in static for s in (0, 1) if s or i in attn],
         "post": post,
         "x0": attn,

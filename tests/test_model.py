@@ -1062,8 +1062,8 @@ def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
     """The backward writes the scalar tables' gradients without a step per layer: no select_backward per row
     (each is a put-back kernel of its own when compiled: a row indexed after an unbind) and no zero fill per
     unread entry (a stacked gradient's unread slot). The backward graphs of 4 and of 6 layers hold the same
-    number of select_backward and zeros ops (the count grows with the depth when each layer's rows are put
-    back)."""
+    number of select_backward ops (the count grows with the depth when each layer's rows are put back), and no
+    zeros op (an unread slot's fill)."""
     counts = []
     for layers in (4, 6):
         extra = {} if layout == "record74" else dict(one_stream=True, mudd=True, xsa=True, backout_layer=0,
@@ -1073,6 +1073,7 @@ def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
         ops = _backward_ops_traced(hp)
         counts.append({k: ops[k] for k in ("aten.select_backward.default", "aten.zeros.default")})
     assert counts[0] == counts[1], f"backward ops at 4 layers {counts[0]}, at 6 {counts[1]}"
+    assert counts[0]["aten.zeros.default"] == 0, f"zero fills in the backward: {counts}"
 
 
 def spec_scalar_reads(hp):
