@@ -1,4 +1,4 @@
-# The lambda gradients of scalarcols (old) and lambank (new) in bf16 against float64 sums; needs eager_cols_vs_lambank.py at /tmp/eager_cmp.py
+# The lambda gradients of scalarcols (old) and lambank (new) in bf16 against float64 sums; reads /tmp/eager_cmp.py (written by eager_cols_vs_lambank.sh)
 exec(open('/tmp/eager_cmp.py').read().split("configs = {")[0])
 base = dict(vocab_size=512, bos_id=511, num_layers=6, ve_tables=(0, 1, -1, -1, 0, 1), no_attn_layers=(2,), paired_head_layers=(0,), xsa=True, one_stream=True, mudd=True, parallel_start=4, skip_from=1, skip_to=3, backout_layer=3, long_window_layers=(1, 5))
 hp = new.smoke_hyperparameters(param_dtype="bfloat16", **base)
