@@ -725,29 +725,24 @@ def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
-def lane_weights(resid, post, dtype):
-    """(resid, lane 0's output weight, lane 1's) cast to the lanes' dtype; an unread weight (None) stays None."""
-    return resid.to(dtype), *(None if w is None else w.to(dtype) for w in post)
-
-
 def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
     single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
-    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid 0-d, post (lane 0's, lane 1's) output weights
-    0-d (None where unread), fp32 or already in the lanes' dtype (cast here); or per token (--mudd's layer L-1):
-    resid and post[0] (T, 1)."""
-    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
+    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid and post (lane 0's, lane 1's output weights,
+    None where unread): (T, 1) columns, fp32 (make_layers' weight columns) or in the lanes' dtype (--mudd's layer
+    L-1). Each new lane is taken in the operands' common dtype and rounded to the lanes' dtype once."""
+    dt, (w0, w1) = lane0.dtype, post
     if lane1 is None:
-        return r * lane0 + (w0 * out if weighted else out) + inject, None
-    return r * lane0 + w0 * out + inject, r * lane1 + w1 * out
+        return (resid * lane0 + (w0 * out if weighted else out) + inject).to(dt), None
+    return (resid * lane0 + w0 * out + inject).to(dt), (resid * lane1 + w1 * out).to(dt)
 
 
 def mlp_residual(lane0, lane1, out, resid, post):
     """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
     attn_residual's)."""
-    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
-    return r * lane0 + w0 * out, None if lane1 is None else r * lane1 + w1 * out
+    dt, (w0, w1) = lane0.dtype, post
+    return (resid * lane0 + w0 * out).to(dt), None if lane1 is None else (resid * lane1 + w1 * out).to(dt)
 
 
 def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
@@ -755,14 +750,15 @@ def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
 
     Smear (smear_gate (1, G) or None): e[t] += smear_lambda * sigmoid(e[t, :G] . smear_gate) * e[t-1] for t > 0
     except where bos[t] ((T,) bool: the record smears across documents, we keep them independent).
-    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None)."""
+    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None; b_lam0 a (T, 1) fp32 column: the sum
+    rounded to x0's dtype once)."""
     G = smear_gate.shape[-1] if smear_gate is not None else 0
     if smear_gate is not None:
         g = smear_lambda.to(e.dtype) * torch.sigmoid(e[1:, :G] @ smear_gate.to(e.dtype).T)  # (T-1, 1)
         g = g * (~bos[1:, None]).to(e.dtype)
         e = torch.cat([e[:1], e[1:] + g * e[:-1]])
     x0 = rms_norm(e)
-    return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
+    return x0, (x0 if bigram is None else (x0 + b_lam0 * bigram).to(x0.dtype))
 
 
 SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
@@ -976,18 +972,24 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         windows = {"short": tables.short, "long": tables.long}
         # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and the entries this
         # configuration reads are taken from it (take; scalar_reads): per use, every scalar would be a cast of its
-        # own, one tiny kernel in the forward and one in the backward per use. The same values, and the same
-        # gradients: every element is still cast once, so its fp32 gradient is its one low-precision gradient,
-        # converted.
+        # own, one tiny kernel in the forward and one in the backward per use. Every element is still cast once, so
+        # its fp32 gradient is its one low-precision gradient, converted.
         lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
         scalars = take(params["scalars"][:n + 2].to(lp), reads["scalars"])
         smear_lambda, backout_lambda = scalars.get(n), scalars.get(n + 1)
         skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
-        resid = take(params["resid_lambdas"].to(lp).view(-1), reads["resid"])
-        post = take(params["post_lambdas"].to(lp).permute(2, 0, 1).reshape(-1), reads["post"])
-        x0_lams, b_lams = (take(params[k].to(lp), reads[r]) for k, r in (("x0_lambdas", "x0"),
-                                                                          ("bigram_lambdas", "bigram")))
+        # The residual, output, x0 and bigram weights enter as (T, 1) fp32 columns of one table expanded over the
+        # tokens, holding their lp values (the lanes' arithmetic takes them in fp32 and rounds once, as the
+        # compiled kernels do with lp scalars). A weight's gradient is then a column of per-token partial sums,
+        # written by the kernels that reduce over the token's row anyway, and the expand's backward sums every
+        # column in one reduction (a 0-d weight's gradient is a reduction kernel of its own). The gradient is
+        # still rounded to lp once, at the cast, before its conversion to fp32.
+        offset = {"resid": 0, "post": 2 * L, "x0": 6 * L, "bigram": 7 * L}  # resid (L, 2), post (2, L, 2), x0, bigram
+        weights = torch.cat([params["resid_lambdas"].view(-1), params["post_lambdas"].permute(2, 0, 1).reshape(-1),
+                             params["x0_lambdas"], params["bigram_lambdas"]]).to(lp).float()
+        cols = take(weights[:, None].expand(-1, e.shape[0]), [offset[k] + j for k in offset for j in reads[k]])
+        resid, post, x0_lams, b_lams = ({j: cols[offset[k] + j][:, None] for j in reads[k]} for k in offset)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams.get(0),
                                   bos)
         attn_w = params["attn_bank"].unbind(0)

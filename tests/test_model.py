@@ -1007,21 +1007,21 @@ def _trace_layers(hp, backend, backward=False, T=256):
         torch._dynamo.reset()
 
 
-def _float_casts_traced(hp):
-    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) in the graph dynamo
-    traces from fns.layers, without compiling it."""
+def _float_casts_traced(hp, T=256):
+    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) of tables (not of
+    activations: T rows) in the graph dynamo traces from fns.layers, without compiling it."""
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    _trace_layers(hp, record)
+    _trace_layers(hp, record, T=T)
     casts = 0
     for node in graphs[0].graph.nodes:
         if node.op in ("call_method", "call_function") and node.target in ("to", torch.Tensor.to):
             src, out = node.args[0].meta["example_value"], node.meta["example_value"]
-            casts += src.dtype.is_floating_point and out.dtype != src.dtype
+            casts += src.dtype.is_floating_point and out.dtype != src.dtype and (src.dim() == 0 or src.shape[0] != T)
     return casts
 
 
@@ -1074,6 +1074,20 @@ def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
         counts.append({k: ops[k] for k in ("aten.select_backward.default", "aten.zeros.default")})
     assert counts[0] == counts[1], f"backward ops at 4 layers {counts[0]}, at 6 {counts[1]}"
     assert counts[0]["aten.zeros.default"] == 0, f"zero fills in the backward: {counts}"
+
+
+def test_weight_gradients_are_summed_over_the_tokens_in_one_reduction():
+    """The residual, output, x0 and bigram weights' gradients: per-token partial sums (the kernels that reduce over
+    each token's row), then one reduction over the tokens for all of them, rather than a full reduction (to 0-d)
+    per weight. Without the attention lambdas (whose gradients are sums over weight matrices), the backward
+    graphs of 4 and of 6 layers (the default's layout) hold the same number of full reductions."""
+    counts = []
+    for layers in (4, 6):
+        hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,), one_stream=True, mudd=True,
+                                      xsa=True, backout_layer=0, num_heads=4, head_dim=16, attn_lambdas=False)
+        counts.append(_backward_ops_traced(hp)["aten.sum.default"])
+    assert counts[0] == counts[1], f"full reductions in the backward: {counts[0]} at 4 layers, {counts[1]} at 6"
 
 
 def spec_scalar_reads(hp):
