@@ -985,11 +985,19 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         # written by the kernels that reduce over the token's row anyway, and the expand's backward sums every
         # column in one reduction (a 0-d weight's gradient is a reduction kernel of its own). The gradient is
         # still rounded to lp once, at the cast, before its conversion to fp32.
-        offset = {"resid": 0, "post": 2 * L, "x0": 6 * L, "bigram": 7 * L}  # resid (L, 2), post (2, L, 2), x0, bigram
-        weights = torch.cat([params["resid_lambdas"].view(-1), params["post_lambdas"].permute(2, 0, 1).reshape(-1),
-                             params["x0_lambdas"], params["bigram_lambdas"]]).to(lp).float()
-        cols = take(weights[:, None].expand(-1, e.shape[0]), [offset[k] + j for k in offset for j in reads[k]])
-        resid, post, x0_lams, b_lams = ({j: cols[offset[k] + j][:, None] for j in reads[k]} for k in offset)
+        # The table holds the tables as stored, flat: resid (L, 2), post (L, 2, 2) (layer, sublayer, lane), x0,
+        # bigram. post's reads j count in (lane, layer, sublayer) order and are mapped to the stored order: with a
+        # permuted table in the cat, inductor (torch 2.11) wrote the constant index of a column's load as an
+        # unevaluated ModularIndexing, which fails to compile in Triton.
+        offset = {"resid": 0, "post": 2 * L, "x0": 6 * L, "bigram": 7 * L}
+
+        def row(k, j):
+            return offset[k] + (4 * (j % (2 * L) // 2) + 2 * (j % 2) + j // (2 * L) if k == "post" else j)
+
+        weights = torch.cat([params["resid_lambdas"].view(-1), params["post_lambdas"].view(-1), params["x0_lambdas"],
+                             params["bigram_lambdas"]]).to(lp).float()
+        cols = take(weights[:, None].expand(-1, e.shape[0]), [row(k, j) for k in offset for j in reads[k]])
+        resid, post, x0_lams, b_lams = ({j: cols[row(k, j)][:, None] for j in reads[k]} for k in offset)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams.get(0),
                                   bos)
         attn_w = params["attn_bank"].unbind(0)
