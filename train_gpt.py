@@ -986,9 +986,9 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         # column in one reduction (a 0-d weight's gradient is a reduction kernel of its own). The gradient is
         # still rounded to lp once, at the cast, before its conversion to fp32.
         # The table holds the tables as stored, flat: resid (L, 2), post (L, 2, 2) (layer, sublayer, lane), x0,
-        # bigram. post's reads j count in (lane, layer, sublayer) order and are mapped to the stored order: with a
-        # permuted table in the cat, inductor (torch 2.11) wrote the constant index of a column's load as an
-        # unevaluated ModularIndexing, which fails to compile in Triton.
+        # bigram. post's reads j count in (lane, layer, sublayer) order and are mapped to the stored order: a
+        # constant-index load from a permuted piece of the cat gets an unevaluated ModularIndexing in inductor's
+        # Triton code (torch 2.11), which does not compile.
         offset = {"resid": 0, "post": 2 * L, "x0": 6 * L, "bigram": 7 * L}
 
         def row(k, j):
