@@ -615,14 +615,14 @@ def xsa_part(y, v):
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
-    def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
+    def attn_sublayer(x, w_q, w_k, w_v, w_o, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
                       paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam: the multipliers of W_qkv and W_o (a pair of 0-d tensors), or None. ve (T, C) and ve_gate (H, G) or both
-        None.
+        w_q, w_k, w_v, w_o (C, C): with --attn-lambdas already multiplied by the layer's W_qkv and W_o lambdas
+        (make_layers). ve (T, C) and ve_gate (H, G) or both None.
         cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
-        applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
+        applied to q (a tensor: YaRN changes it without a recompile). The gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
         tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
@@ -635,9 +635,6 @@ def make_attn_sublayer(hp, attend):
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
-        if lam is not None:  # pre-multiplied weights, as the public record does (not the outputs)
-            w_qkv = lam[0].to(w_qkv.dtype) * w_qkv
-            w_o = lam[1].to(w_o.dtype) * w_o
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         if v_add is not None:
             v = v + v_add
@@ -976,8 +973,8 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         # its fp32 gradient is its one low-precision gradient, converted.
         lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
-        scalars = take(params["scalars"][:n + 2].to(lp), reads["scalars"])
-        smear_lambda, backout_lambda = scalars.get(n), scalars.get(n + 1)
+        scalars = take(params["scalars"][n:n + 2].to(lp), [j - n for j in reads["scalars"] if j >= n])
+        smear_lambda, backout_lambda = scalars.get(0), scalars.get(1)
         skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
         # The residual, output, x0 and bigram weights enter as (T, 1) fp32 columns of one table expanded over the
         # tokens, holding their lp values (the lanes' arithmetic takes them in fp32 and rounds once, as the
@@ -1000,7 +997,19 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         resid, post, x0_lams, b_lams = ({j: cols[row(k, j)][:, None] for j in reads[k]} for k in offset)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams.get(0),
                                   bos)
-        attn_w = params["attn_bank"].unbind(0)
+        bank = params["attn_bank"]  # (4 A, C, C): [W_q, W_k, W_v, W_o] per attention layer
+        if hp.attn_lambdas:
+            # The weights pre-multiplied, as the public record does (not the outputs): W_q, W_k and W_v by the
+            # layer's first lambda, W_o by its second, the whole bank in one elementwise pass. Each lambda's
+            # gradient is then a sum over its matrices in one reduction over the bank's gradient (per matrix, each
+            # would be a split reduction of two kernels). The lambdas hold their lp values in fp32: each product is
+            # rounded once to the bank's dtype, as lp * lp is, and each gradient is summed in fp32 and rounded to
+            # lp once, at the cast.
+            A = len(hp.attn_layers)
+            lam = params["scalars"][:n].to(lp).float().view(A, 2, 1, 1)
+            mul = torch.cat([lam[:, :1].expand(A, 3, 1, 1), lam[:, 1:]], dim=1).view(4 * A, 1, 1)
+            bank = (mul * bank).to(bank.dtype)
+        attn_w = bank.unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].to(lp).unbind(0)
         # --xsa: tanh(alpha) of every layer and head, taken in fp32 and cast once (the rows XSA skips are unread)
@@ -1033,15 +1042,14 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 t = hp.ve_tables[i]
                 ve, ve_gate = (ves[t], ve_gates.get(v)) if t >= 0 else (None, None)
                 v += t >= 0
-                lam = (scalars[2 * a], scalars[2 * a + 1]) if hp.attn_lambdas else None
                 src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.paired_cos,
                                tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
                                xsa=xsa[i] if i in xsa_layers else None,
                                v_add=None if gates is None else gates.v_add,
