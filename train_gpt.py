@@ -615,14 +615,14 @@ def xsa_part(y, v):
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
-    def attn_sublayer(x, w_q, w_k, w_v, w_o, lam, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
+    def attn_sublayer(x, w_q, w_k, w_v, w_o, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
                       paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
-        lam: the multipliers of W_qkv and W_o (a pair of 0-d tensors), or None. ve (T, C) and ve_gate (H, G) or both
-        None.
+        w_q, w_k, w_v, w_o (C, C): with --attn-lambdas already multiplied by the layer's W_qkv and W_o lambdas
+        (make_layers). ve (T, C) and ve_gate (H, G) or both None.
         cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
-        applied to q (a tensor: YaRN changes it without a recompile). lam, the gates and qscale are fp32 or
+        applied to q (a tensor: YaRN changes it without a recompile). The gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
         seq: the DocSeq of the sequence, or with paired of the interleaved 2T sequence; window: 0-d int64 CPU
         tensor, in tokens. key_offset: the keys' position-free dims taken from the previous token's (offset_keys;
@@ -635,9 +635,6 @@ def make_attn_sublayer(hp, attend):
         T, C = x.shape
         h = rms_norm(x)
         w_qkv = torch.cat([w_q, w_k, w_v])
-        if lam is not None:  # pre-multiplied weights, as the public record does (not the outputs)
-            w_qkv = lam[0].to(w_qkv.dtype) * w_qkv
-            w_o = lam[1].to(w_o.dtype) * w_o
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         if v_add is not None:
             v = v + v_add
@@ -725,29 +722,24 @@ def fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=False):
     return relu2_mlp(rms_norm(x), w_fc, w_proj_t, act_only)
 
 
-def lane_weights(resid, post, dtype):
-    """(resid, lane 0's output weight, lane 1's) cast to the lanes' dtype; an unread weight (None) stays None."""
-    return resid.to(dtype), *(None if w is None else w.to(dtype) for w in post)
-
-
 def attn_residual(lane0, lane1, out, inject, resid, post, weighted=False):
     """After an attention sublayer: lane <- resid * lane + out (+ inject, lane 0 only) with one lane; with two,
     lane0 <- resid * lane0 + post[0] * out + inject and lane1 <- resid * lane1 + post[1] * out (record #74's
     single-lane layers have no output weight; weighted, as in --one-stream, one lane gets post[0] * out).
-    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid 0-d, post (lane 0's, lane 1's) output weights
-    0-d (None where unread), fp32 or already in the lanes' dtype (cast here); or per token (--mudd's layer L-1):
-    resid and post[0] (T, 1)."""
-    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
+    inject: x0_lambda * x0 [+ bigram_lambda * bigram] (T, C). resid and post (lane 0's, lane 1's output weights,
+    None where unread): (T, 1) columns, fp32 (make_layers' weight columns) or in the lanes' dtype (--mudd's layer
+    L-1). Each new lane is taken in the operands' common dtype and rounded to the lanes' dtype once."""
+    dt, (w0, w1) = lane0.dtype, post
     if lane1 is None:
-        return r * lane0 + (w0 * out if weighted else out) + inject, None
-    return r * lane0 + w0 * out + inject, r * lane1 + w1 * out
+        return (resid * lane0 + (w0 * out if weighted else out) + inject).to(dt), None
+    return (resid * lane0 + w0 * out + inject).to(dt), (resid * lane1 + w1 * out).to(dt)
 
 
 def mlp_residual(lane0, lane1, out, resid, post):
     """After an MLP sublayer: lane_j <- resid * lane_j + post[j] * out for each lane there is (resid and post as
     attn_residual's)."""
-    r, w0, w1 = lane_weights(resid, post, lane0.dtype)
-    return r * lane0 + w0 * out, None if lane1 is None else r * lane1 + w1 * out
+    dt, (w0, w1) = lane0.dtype, post
+    return (resid * lane0 + w0 * out).to(dt), None if lane1 is None else (resid * lane1 + w1 * out).to(dt)
 
 
 def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
@@ -755,14 +747,15 @@ def embed_prelude(e, bigram, smear_gate, smear_lambda, b_lam0, bos):
 
     Smear (smear_gate (1, G) or None): e[t] += smear_lambda * sigmoid(e[t, :G] . smear_gate) * e[t-1] for t > 0
     except where bos[t] ((T,) bool: the record smears across documents, we keep them independent).
-    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None)."""
+    x0 = norm(e); lane 0 = x0 + b_lam0 * bigram (bigram (T, C) or None; b_lam0 a (T, 1) fp32 column: the sum
+    rounded to x0's dtype once)."""
     G = smear_gate.shape[-1] if smear_gate is not None else 0
     if smear_gate is not None:
         g = smear_lambda.to(e.dtype) * torch.sigmoid(e[1:, :G] @ smear_gate.to(e.dtype).T)  # (T-1, 1)
         g = g * (~bos[1:, None]).to(e.dtype)
         e = torch.cat([e[:1], e[1:] + g * e[:-1]])
     x0 = rms_norm(e)
-    return x0, (x0 if bigram is None else x0 + b_lam0.to(x0.dtype) * bigram)
+    return x0, (x0 if bigram is None else (x0 + b_lam0 * bigram).to(x0.dtype))
 
 
 SOFTCAP_B, SOFTCAP_C = 5.0, 7.5  # logits -> softcap * sigmoid((logits + B) / C)
@@ -976,21 +969,47 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
         windows = {"short": tables.short, "long": tables.long}
         # Each fp32 scalar and gate table is cast to the lanes' dtype once, as a whole, and the entries this
         # configuration reads are taken from it (take; scalar_reads): per use, every scalar would be a cast of its
-        # own, one tiny kernel in the forward and one in the backward per use. The same values, and the same
-        # gradients: every element is still cast once, so its fp32 gradient is its one low-precision gradient,
-        # converted.
+        # own, one tiny kernel in the forward and one in the backward per use. Every element is still cast once, so
+        # its fp32 gradient is its one low-precision gradient, converted.
         lp = e.dtype
         n = 2 * len(hp.attn_layers)  # scalars: (W_qkv, W_o) multipliers per attention layer, smear, backout, skip
-        scalars = take(params["scalars"][:n + 2].to(lp), reads["scalars"])
-        smear_lambda, backout_lambda = scalars.get(n), scalars.get(n + 1)
+        scalars = take(params["scalars"][n:n + 2].to(lp), [j - n for j in reads["scalars"] if j >= n])
+        smear_lambda, backout_lambda = scalars.get(0), scalars.get(1)
         skip_lambda = params["scalars"][n + 2]  # fp32: the skip gate's sigmoid is taken before the cast
-        resid = take(params["resid_lambdas"].to(lp).view(-1), reads["resid"])
-        post = take(params["post_lambdas"].to(lp).permute(2, 0, 1).reshape(-1), reads["post"])
-        x0_lams, b_lams = (take(params[k].to(lp), reads[r]) for k, r in (("x0_lambdas", "x0"),
-                                                                          ("bigram_lambdas", "bigram")))
+        # The residual, output, x0 and bigram weights enter as (T, 1) fp32 columns of one table expanded over the
+        # tokens, holding their lp values (the lanes' arithmetic takes them in fp32 and rounds once, as the
+        # compiled kernels do with lp scalars). A weight's gradient is then a column of per-token partial sums,
+        # written by the kernels that reduce over the token's row anyway, and the expand's backward sums every
+        # column in one reduction (a 0-d weight's gradient is a reduction kernel of its own). The gradient is
+        # still rounded to lp once, at the cast, before its conversion to fp32.
+        # The table holds the tables as stored, flat: resid (L, 2), post (L, 2, 2) (layer, sublayer, lane), x0,
+        # bigram. post's reads j count in (lane, layer, sublayer) order and are mapped to the stored order: a
+        # constant-index load from a permuted piece of the cat gets an unevaluated ModularIndexing in inductor's
+        # Triton code (torch 2.11), which does not compile.
+        offset = {"resid": 0, "post": 2 * L, "x0": 6 * L, "bigram": 7 * L}
+
+        def row(k, j):
+            return offset[k] + (4 * (j % (2 * L) // 2) + 2 * (j % 2) + j // (2 * L) if k == "post" else j)
+
+        weights = torch.cat([params["resid_lambdas"].view(-1), params["post_lambdas"].view(-1), params["x0_lambdas"],
+                             params["bigram_lambdas"]]).to(lp).float()
+        cols = take(weights[:, None].expand(-1, e.shape[0]), [row(k, j) for k in offset for j in reads[k]])
+        resid, post, x0_lams, b_lams = ({j: cols[row(k, j)][:, None] for j in reads[k]} for k in offset)
         x0, lane0 = embed_prelude(e, big, params["smear_gate"] if hp.smear else None, smear_lambda, b_lams.get(0),
                                   bos)
-        attn_w = params["attn_bank"].unbind(0)
+        bank = params["attn_bank"]  # (4 A, C, C): [W_q, W_k, W_v, W_o] per attention layer
+        if hp.attn_lambdas:
+            # The weights pre-multiplied, as the public record does (not the outputs): W_q, W_k and W_v by the
+            # layer's first lambda, W_o by its second, the whole bank in one elementwise pass. Each lambda's
+            # gradient is then a sum over its matrices in one reduction over the bank's gradient (per matrix, each
+            # would be a split reduction of two kernels). The lambdas hold their lp values in fp32: each product is
+            # rounded once to the bank's dtype, as lp * lp is, and each gradient is summed in fp32 and rounded to
+            # lp once, at the cast.
+            A = len(hp.attn_layers)
+            lam = params["scalars"][:n].to(lp).float().view(A, 2, 1, 1)
+            mul = torch.cat([lam[:, :1].expand(A, 3, 1, 1), lam[:, 1:]], dim=1).view(4 * A, 1, 1)
+            bank = (mul * bank).to(bank.dtype)
+        attn_w = bank.unbind(0)
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].to(lp).unbind(0)
         # --xsa: tanh(alpha) of every layer and head, taken in fp32 and cast once (the rows XSA skips are unread)
@@ -1023,15 +1042,14 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 t = hp.ve_tables[i]
                 ve, ve_gate = (ves[t], ve_gates.get(v)) if t >= 0 else (None, None)
                 v += t >= 0
-                lam = (scalars[2 * a], scalars[2 * a + 1]) if hp.attn_lambdas else None
                 src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.paired_cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.paired_cos,
                                tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], lam, attn_gates[a], ve, ve_gate, tables.cos,
+                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
                                xsa=xsa[i] if i in xsa_layers else None,
                                v_add=None if gates is None else gates.v_add,

@@ -211,6 +211,17 @@ def concatenated_key_offset(k, bos):
     return torch.where(stationary & ~bos[:, None, None], torch.cat([k[:1], k[:-1]]), k)
 
 
+def with_lambdas(fn):
+    """The attention sublayer fn taking the layer's (W_qkv, W_o) lambdas lam (2,) after its weights, as
+    make_layers applies them: each weight times its lambda, taken in at least fp32 and rounded to the weights'
+    dtype once (so lam's gradient is one sum over the four products, rounded once)."""
+    def call(x, wq, wk, wv, wo, lam, *rest, **kw):
+        m = lam.to(torch.promote_types(lam.dtype, torch.float32))
+        w = torch.stack([wq, wk, wv, wo]) * torch.stack([m[0], m[0], m[0], m[1]])[:, None, None]
+        return fn(x, *w.to(wq.dtype).unbind(0), *rest, **kw)
+    return call
+
+
 def _sublayer_grads(hp, fn, dtype, paired, key_offset, T=128, window=48):
     """The attention sublayer fn (dense attention) on _sublayer_inputs in dtype: [out, d of every input]."""
     inp = _sublayer_inputs(hp, T, seed=5)
@@ -254,7 +265,7 @@ def test_rotary_and_key_offset_are_the_concatenating_forms_bit_for_bit(dtype, pa
     attention sublayer's output and every gradient are the same bits with either (eager, CPU; in bf16 every
     product and sum is rounded as the half-split formula rounds it)."""
     hp = tg.smoke_hyperparameters(num_heads=4, head_dim=16)
-    fn = tg.make_attn_sublayer(hp, _dense_attend_contiguous_grads)
+    fn = with_lambdas(tg.make_attn_sublayer(hp, _dense_attend_contiguous_grads))
     got = _sublayer_grads(hp, fn, dtype, paired, key_offset)
     monkeypatch.setattr(tg, "rotary", half_split_rotary)
     monkeypatch.setattr(tg, "offset_keys", concatenated_key_offset)
@@ -472,7 +483,7 @@ def test_attention_sublayer_matches_explicit_construction(paired, key_offset, he
     inp = _sublayer_inputs(hp, T, seed=3)
     freq, scale = spec_yarn(spec_freq(hp.head_dim), 0.12, [128, 256])
     expected = _spec_sublayer(hp, inp, window, scale, freq, paired, key_offset)
-    fn = tg.make_attn_sublayer(hp, tg.dense_attend)
+    fn = with_lambdas(tg.make_attn_sublayer(hp, tg.dense_attend))
 
     def run(dtype):
         fq = freq.to(dtype)
@@ -539,7 +550,7 @@ def test_xsa_sublayer_and_its_gradients_match_the_spec(key_offset):
     inp["ve"][zero_v] = 0  # ... and after it
     inp["alpha"] = torch.tensor([0.9, -0.6, 0.25, -1.4], dtype=torch.float64)
     freq, scale = spec_yarn(spec_freq(hp.head_dim), 0.12, [128, 256])
-    fn = tg.make_attn_sublayer(hp, tg.dense_attend)
+    fn = with_lambdas(tg.make_attn_sublayer(hp, tg.dense_attend))
     names = ["x", "Wq", "Wk", "Wv", "Wo", "lam", "ag", "ve", "vg", "alpha"]
     dy = torch.randn(T, hp.model_dim, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
 
@@ -643,7 +654,7 @@ def test_xsa_layers_come_from_the_layout():
     with pytest.raises(tg.SettingsError, match="--xsa: every attention layer has paired heads"):
         cli.check_settings(hp, args, tg.check_world_size, tg.untie_step, tg.BLOCK)
     with pytest.raises(ValueError, match="XSA needs one value vector per head and token"):
-        tg.make_attn_sublayer(hp, tg.dense_attend)(*[None] * 14, paired=True, xsa=torch.zeros(hp.num_heads))
+        tg.make_attn_sublayer(hp, tg.dense_attend)(*[None] * 13, paired=True, xsa=torch.zeros(hp.num_heads))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1007,21 +1018,21 @@ def _trace_layers(hp, backend, backward=False, T=256):
         torch._dynamo.reset()
 
 
-def _float_casts_traced(hp):
-    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) in the graph dynamo
-    traces from fns.layers, without compiling it."""
+def _float_casts_traced(hp, T=256):
+    """The floating-point dtype casts (a .to() whose output dtype is another float dtype) of tables (not of
+    activations: T rows) in the graph dynamo traces from fns.layers, without compiling it."""
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    _trace_layers(hp, record)
+    _trace_layers(hp, record, T=T)
     casts = 0
     for node in graphs[0].graph.nodes:
         if node.op in ("call_method", "call_function") and node.target in ("to", torch.Tensor.to):
             src, out = node.args[0].meta["example_value"], node.meta["example_value"]
-            casts += src.dtype.is_floating_point and out.dtype != src.dtype
+            casts += src.dtype.is_floating_point and out.dtype != src.dtype and (src.dim() == 0 or src.shape[0] != T)
     return casts
 
 
@@ -1074,6 +1085,22 @@ def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
         counts.append({k: ops[k] for k in ("aten.select_backward.default", "aten.zeros.default")})
     assert counts[0] == counts[1], f"backward ops at 4 layers {counts[0]}, at 6 {counts[1]}"
     assert counts[0]["aten.zeros.default"] == 0, f"zero fills in the backward: {counts}"
+
+
+def test_weight_and_lambda_gradients_are_summed_in_one_reduction_each():
+    """The residual, output, x0 and bigram weights' gradients: per-token partial sums (the kernels that reduce over
+    each token's row), then one reduction over the tokens for all of them, rather than a full reduction (to 0-d)
+    per weight. The attention lambdas' gradients: one reduction over the whole attention bank's gradient, rather
+    than one per weight matrix. So the backward graphs of 4 and of 6 layers (the default's layout) hold the same
+    number of full reductions (a lambda multiplying its matrix alone adds one per matrix)."""
+    counts = []
+    for layers in (4, 6):
+        hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,), one_stream=True, mudd=True,
+                                      xsa=True, backout_layer=0, num_heads=4, head_dim=16)
+        assert hp.attn_lambdas
+        counts.append(_backward_ops_traced(hp)["aten.sum.default"])
+    assert counts[0] == counts[1], f"full reductions in the backward: {counts[0]} at 4 layers, {counts[1]} at 6"
 
 
 def spec_scalar_reads(hp):
@@ -1396,8 +1423,8 @@ def test_compiled_sublayer_with_flash_attention_matches_dense_on_gpu(paired, key
     dev = torch.device("cuda")
     inp = _sublayer_inputs(hp, T, seed=9)
     freq, scale = tg.yarn_state(hp, 2)
-    ours = torch.compile(tg.make_attn_sublayer(hp, tg.flash_attend), fullgraph=True, dynamic=False)
-    dense = tg.make_attn_sublayer(hp, tg.dense_attend)
+    ours = with_lambdas(torch.compile(tg.make_attn_sublayer(hp, tg.flash_attend), fullgraph=True, dynamic=False))
+    dense = with_lambdas(tg.make_attn_sublayer(hp, tg.dense_attend))
     ids = inp["ids"].to(dev)
     cu = tg.doc_cu_seqlens(inp["ids"], hp.bos_id).to(dev)
     docs = tg.doc_ids(ids, hp.bos_id)
