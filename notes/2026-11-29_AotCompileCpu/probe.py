@@ -9,7 +9,8 @@ import torch
 sys.path.insert(0, os.environ.get("REPO", "."))
 import train_gpt as tg
 torch._dynamo.config.enable_aot_compile = True  # torch 2.11 needs it; 2.13's default
-hp = tg.smoke_hyperparameters(param_dtype="float32", vocab_size=512, bos_id=511)
+extra = dict(one_stream=True, mudd=True, xsa=True, backout_layer=0, num_heads=4, head_dim=16) if os.environ.get("FEATURES") else {}
+hp = tg.smoke_hyperparameters(param_dtype=os.environ.get("DTYPE", "float32"), vocab_size=512, bos_id=511, **extra)
 dev = torch.device("cpu")
 params = {k: v.detach().requires_grad_() for k, v in tg.init_params(hp, dev, 7).items()}
 g = torch.Generator().manual_seed(8)
@@ -58,7 +59,7 @@ if mode == "aot_save":
 h = hashlib.sha256(loss.detach().numpy().tobytes())
 for k in sorted(params):
     if params[k].grad is not None:
-        h.update(params[k].grad.numpy().tobytes())
+        h.update(params[k].grad.float().numpy().tobytes())
 if os.environ.get("SECOND"):  # another micro-batch with a different document count
     ids2 = ids.clone(); ids2[200] = 511; ids2[50] = 511
     mb2 = tg.MicroBatch(ids2, targets, tg.prepare_ids(ids2, hp.vocab_size), bigram=tg.bigram_hash(ids2, hp.bigram_vocab_size, hp.bos_id),
@@ -66,7 +67,7 @@ if os.environ.get("SECOND"):  # another micro-batch with a different document co
     t2 = time.perf_counter(); l2 = tg.forward(hp, params, fns, mb2, (1, 2), {}, train=True, mtp=mtp); l2.backward()
     print(f"second micro-batch (5 docs): {time.perf_counter() - t2:.2f} s, loss {l2.item():.6f}")
 if mode == "pc":
-    print(*compilation.PRECOMPILED_LINES, sep="\n")
+    print(*(e[1] for e in compilation.PRECOMPILED), sep="\n")
     print(*compilation.compile_report(compilation.compile_metrics(), [])[0], sep="\n")
 print(f"{mode}: imports+setup {t_ready - t_start:.2f} s, first step {t1 - t0:.2f} s, loss {loss.item():.6f}, "
       f"hash {h.hexdigest()[:16]}")
