@@ -1,6 +1,6 @@
 """CPU probe: can torch.compile(...).aot_compile carry our training step (forward + backward) to another process,
 and how long does loading take against a warm inductor cache? Usage: probe.py MODE DIR  (MODE: eager, cold, warm,
-aot_save, aot_load). Prints the first call's seconds (forward + backward) and a hash of loss + grads."""
+aot_save, aot_load, pc: branch aotcache's Precompiled, which also times its function's guard check). Prints the first call's seconds (forward + backward) and a hash of loss + grads."""
 import sys, time, os, hashlib, dataclasses
 t_start = time.perf_counter()
 mode, d = sys.argv[1], sys.argv[2]
@@ -34,7 +34,12 @@ elif mode == "aot_save":
 elif mode == "pc":
     import compilation
     fb = torch.compile(fns.train_step, fullgraph=True, dynamic=False)
-    fns = dataclasses.replace(fns, train_step=compilation.Precompiled(fns.train_step, "train_step", d + "/pc", fb))
+    pre = compilation.Precompiled(fns.train_step, "train_step", d + "/pc", fb)
+    def capture(*a):
+        global step_args
+        step_args = a
+        return pre(*a)
+    fns = dataclasses.replace(fns, train_step=capture)
 elif mode == "aot_load":
     t0 = time.perf_counter()
     with open(d + "/aot.bin", "rb") as f:
@@ -69,5 +74,10 @@ if os.environ.get("SECOND"):  # another micro-batch with a different document co
 if mode == "pc":
     print(*(e[1] for e in compilation.PRECOMPILED), sep="\n")
     print(*compilation.compile_report(compilation.compile_metrics(), [])[0], sep="\n")
+    f = next(iter(pre.fns.values()))
+    t2 = time.perf_counter()
+    for _ in range(1000):
+        f.guard_check(*step_args)
+    print(f"guard_check: {(time.perf_counter() - t2) * 1000:.1f} us per call")
 print(f"{mode}: imports+setup {t_ready - t_start:.2f} s, first step {t1 - t0:.2f} s, loss {loss.item():.6f}, "
       f"hash {h.hexdigest()[:16]}")

@@ -1,7 +1,6 @@
 import sys, time, os
 sys.path.insert(0, os.environ.get("REPO", "."))
 import torch, train_gpt as tg, compilation
-hp = tg.Hyperparameters(num_layers=11)  # the default layout's parameters
 dev = torch.device("cpu")
 params = {k: v.detach().requires_grad_() for k, v in tg.init_params(tg.smoke_hyperparameters(param_dtype="float32"), dev, 7).items()}
 hp = tg.smoke_hyperparameters(param_dtype="float32")
