@@ -212,9 +212,10 @@ def concatenated_key_offset(k, bos):
 
 
 def with_lambdas(fn):
-    """The attention sublayer fn taking the layer's (W_qkv, W_o) lambdas lam (2,) after its weights, as
-    make_layers applies them: each weight times its lambda, taken in at least fp32 and rounded to the weights'
-    dtype once (so lam's gradient is one sum over the four products, rounded once)."""
+    """The attention sublayer fn taking its four weights and the layer's (W_qkv, W_o) lambdas lam (2,) after them,
+    as make_layers applies them: each weight times its lambda, taken in at least fp32 and rounded to the weights'
+    dtype once (so lam's gradient is one sum over the four products, rounded once); W_q, W_k and W_v go in as one
+    (3C, C) block, as make_layers' view of the bank does."""
     def call(x, wq, wk, wv, wo, lam, *rest, **kw):
         m = lam.to(torch.promote_types(lam.dtype, torch.float32))
         w = torch.stack([wq, wk, wv, wo]) * torch.stack([m[0], m[0], m[0], m[1]])[:, None, None]
