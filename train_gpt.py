@@ -615,12 +615,13 @@ def xsa_part(y, v):
 def make_attn_sublayer(hp, attend):
     H, D, G = hp.num_heads, hp.head_dim, hp.gate_dims
 
-    def attn_sublayer(x, w_q, w_k, w_v, w_o, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
+    def attn_sublayer(x, w_qkv, w_o, attn_gate, ve, ve_gate, cos, sin, qscale, seq, window,
                       paired=False, key_offset=False, bos=None, xsa=None, v_add=None, ve_gate_out=None):
         """x (T, C) lane -> attention output (T, C).
 
-        w_q, w_k, w_v, w_o (C, C): with --attn-lambdas already multiplied by the layer's W_qkv and W_o lambdas
-        (make_layers). ve (T, C) and ve_gate (H, G) or both None.
+        w_qkv (3C, C): [W_q; W_k; W_v], and w_o (C, C): views of the attention bank (make_layers), with
+        --attn-lambdas already multiplied by the layer's W_qkv and W_o lambdas. ve (T, C) and ve_gate (H, G) or
+        both None.
         cos/sin: rotary_tables (T, 1, D), or (T, H, D) when paired. qscale 0-d: the softmax scale,
         applied to q (a tensor: YaRN changes it without a recompile). The gates and qscale are fp32 or
         already in x's dtype (make_layers casts them once per micro-step): each is cast to x's dtype here.
@@ -634,7 +635,6 @@ def make_attn_sublayer(hp, attend):
             raise ValueError("attn_sublayer: XSA needs one value vector per head and token (no paired heads)")
         T, C = x.shape
         h = rms_norm(x)
-        w_qkv = torch.cat([w_q, w_k, w_v])
         q, k, v = (h @ w_qkv.T).view(T, 3, H, D).unbind(1)
         if v_add is not None:
             v = v + v_add
@@ -1009,7 +1009,10 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
             lam = params["scalars"][:n].to(lp).float().view(A, 2, 1, 1)
             mul = torch.cat([lam[:, :1].expand(A, 3, 1, 1), lam[:, 1:]], dim=1).view(4 * A, 1, 1)
             bank = (mul * bank).to(bank.dtype)
-        attn_w = bank.unbind(0)
+        # Each layer reads [W_q; W_k; W_v] as one (3C, C) view of the bank and W_o as another: the backward's
+        # gradient of the bank is then assembled from whole matmul outputs (a cat of the three matrices would be
+        # a copy, and its backward three slices copied into the bank's gradient).
+        attn_w = [(bank[4 * a:4 * a + 3].flatten(0, 1), bank[4 * a + 3]) for a in range(bank.shape[0] // 4)]
         mlp_w = params["mlp_bank"].unbind(0)
         attn_gates = params["attn_gate"].to(lp).unbind(0)
         # --xsa: tanh(alpha) of every layer and head, taken in fp32 and cast once (the rows XSA skips are unread)
@@ -1044,12 +1047,12 @@ def make_layers(hp, attend, mlp=mlp_sublayer):
                 v += t >= 0
                 src = back if one and back is not None else lane0  # --one-stream: after backout_layer, its output
                 if i in paired:
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.paired_cos,
+                    out = attn(src, *attn_w[a], attn_gates[a], ve, ve_gate, tables.paired_cos,
                                tables.paired_sin, qscale, seq2, windows[kind], paired=True)
                 else:
                     # the public record offsets the keys in its long-window layers (never paired there)
                     ko = hp.key_offset and i in hp.long_window_layers
-                    out = attn(src, *attn_w[4 * a:4 * a + 4], attn_gates[a], ve, ve_gate, tables.cos,
+                    out = attn(src, *attn_w[a], attn_gates[a], ve, ve_gate, tables.cos,
                                tables.sin, qscale, seq, windows[kind], key_offset=ko, bos=bos,
                                xsa=xsa[i] if i in xsa_layers else None,
                                v_add=None if gates is None else gates.v_add,

@@ -212,13 +212,15 @@ def concatenated_key_offset(k, bos):
 
 
 def with_lambdas(fn):
-    """The attention sublayer fn taking the layer's (W_qkv, W_o) lambdas lam (2,) after its weights, as
-    make_layers applies them: each weight times its lambda, taken in at least fp32 and rounded to the weights'
-    dtype once (so lam's gradient is one sum over the four products, rounded once)."""
+    """The attention sublayer fn taking its four weights and the layer's (W_qkv, W_o) lambdas lam (2,) after them,
+    as make_layers applies them: each weight times its lambda, taken in at least fp32 and rounded to the weights'
+    dtype once (so lam's gradient is one sum over the four products, rounded once); W_q, W_k and W_v go in as one
+    (3C, C) block, as make_layers' view of the bank does."""
     def call(x, wq, wk, wv, wo, lam, *rest, **kw):
         m = lam.to(torch.promote_types(lam.dtype, torch.float32))
         w = torch.stack([wq, wk, wv, wo]) * torch.stack([m[0], m[0], m[0], m[1]])[:, None, None]
-        return fn(x, *w.to(wq.dtype).unbind(0), *rest, **kw)
+        w = w.to(wq.dtype)
+        return fn(x, w[:3].flatten(0, 1), w[3], *rest, **kw)
     return call
 
 
@@ -654,7 +656,7 @@ def test_xsa_layers_come_from_the_layout():
     with pytest.raises(tg.SettingsError, match="--xsa: every attention layer has paired heads"):
         cli.check_settings(hp, args, tg.check_world_size, tg.untie_step, tg.BLOCK)
     with pytest.raises(ValueError, match="XSA needs one value vector per head and token"):
-        tg.make_attn_sublayer(hp, tg.dense_attend)(*[None] * 13, paired=True, xsa=torch.zeros(hp.num_heads))
+        tg.make_attn_sublayer(hp, tg.dense_attend)(*[None] * 11, paired=True, xsa=torch.zeros(hp.num_heads))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1053,8 +1055,8 @@ def test_layers_cast_each_scalar_and_gate_table_once(xsa):
                                                                     ve_tables=(0, -1, -1, 0))) + 1
 
 
-def _backward_ops_traced(hp):
-    """Counts of the aten ops in the backward graph AOT autograd makes of fns.layers, without compiling it."""
+def _backward_graph_traced(hp):
+    """The backward graph (fx.GraphModule) AOT autograd makes of fns.layers, without compiling it."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     graphs = []
@@ -1065,7 +1067,17 @@ def _backward_ops_traced(hp):
 
     _trace_layers(hp, aot_autograd(fw_compiler=lambda gm, ex: make_boxed_func(gm.forward), bw_compiler=record),
                   backward=True)
-    return collections.Counter(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+    return graphs[0]
+
+
+def _backward_ops_traced(hp, leave_out=()):
+    """Counts of the aten ops in the backward graph AOT autograd makes of fns.layers, without compiling it;
+    leave_out: the shapes whose select_backward / slice_backward ops are not counted (a bank's per-layer views)."""
+    def counted(n):
+        return not (str(n.target) in ("aten.select_backward.default", "aten.slice_backward.default")
+                    and tuple(n.args[1]) in leave_out)
+    return collections.Counter(str(n.target) for n in _backward_graph_traced(hp).graph.nodes
+                               if n.op == "call_function" and counted(n))
 
 
 @pytest.mark.parametrize("layout", ["record74", "default"])
@@ -1074,17 +1086,42 @@ def test_scalar_gradients_are_assembled_without_per_row_kernels(layout):
     (each is a put-back kernel of its own when compiled: a row indexed after an unbind) and no zero fill per
     unread entry (a stacked gradient's unread slot). The backward graphs of 4 and of 6 layers hold the same
     number of select_backward ops (the count grows with the depth when each layer's rows are put back), and no
-    zeros op (an unread slot's fill)."""
+    zeros op (an unread slot's fill). The attention bank's per-layer views are not scalar rows: their
+    select_backward ops (W_o's) are left out here (test_attention_bank_gradient_is_assembled_without_copies)."""
     counts = []
     for layers in (4, 6):
         extra = {} if layout == "record74" else dict(one_stream=True, mudd=True, xsa=True, backout_layer=0,
                                                       num_heads=4, head_dim=16)
         hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
                                       ve_tables=(0,) + (-1,) * (layers - 2) + (0,), **extra)
-        ops = _backward_ops_traced(hp)
+        C = hp.model_dim
+        ops = _backward_ops_traced(hp, leave_out=[(4 * len(hp.attn_layers), C, C)])
         counts.append({k: ops[k] for k in ("aten.select_backward.default", "aten.zeros.default")})
     assert counts[0] == counts[1], f"backward ops at 4 layers {counts[0]}, at 6 {counts[1]}"
     assert counts[0]["aten.zeros.default"] == 0, f"zero fills in the backward: {counts}"
+
+
+@pytest.mark.parametrize("lambdas", [True, False])
+def test_attention_bank_gradient_is_assembled_without_copies(lambdas):
+    """Each attention layer reads [W_q; W_k; W_v] and W_o as two views of the bank (make_layers), so the bank's
+    gradient in the backward is put together from whole matmul outputs: one slice_backward (the (3C, C) block)
+    and one select_backward (W_o) per attention layer, at the bank's shape, and no cat or stack of the bank's
+    size (a stack of the four matrices' gradients, where W_qkv's three are slices of one matmul output, copies
+    them: three copy kernels per layer on the GPU). Layouts of 4 and 6 layers, with and without the attention
+    lambdas (the lambdas' product read through the views, or the parameter itself)."""
+    for layers in (4, 6):
+        hp = tg.smoke_hyperparameters(param_dtype="bfloat16", vocab_size=512, bos_id=511, num_layers=layers,
+                                      ve_tables=(0,) + (-1,) * (layers - 2) + (0,), attn_lambdas=lambdas)
+        A, C = len(hp.attn_layers), hp.model_dim
+        bank = [4 * A, C, C]
+        nodes = [n for n in _backward_graph_traced(hp).graph.nodes if n.op == "call_function"]
+        views = collections.Counter(str(n.target) for n in nodes
+                                    if str(n.target) in ("aten.select_backward.default", "aten.slice_backward.default")
+                                    and list(n.args[1]) == bank)
+        assert views == {"aten.select_backward.default": A, "aten.slice_backward.default": A}, (layers, views)
+        joins = [n for n in nodes if str(n.target) in ("aten.cat.default", "aten.stack.default")
+                 and list(n.meta["val"].shape) in (bank, [A, 4 * C, C], [4 * A * C, C])]
+        assert joins == [], (layers, [(str(n.target), list(n.meta["val"].shape)) for n in joins])
 
 
 def test_weight_and_lambda_gradients_are_summed_in_one_reduction_each():
