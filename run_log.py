@@ -201,10 +201,11 @@ def dir_bytes(path):
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def seconds_since_launch(proc="/proc"):
-    """Seconds since the run was launched: since torchrun started where this process's parent is torchrun (its
-    agent starts the ranks and imports torch first), else since this process started; from /proc (Linux), None
-    where it cannot be read."""
+def launch_phases(proc="/proc"):
+    """The wait from the launch to now, split: [("torchrun", s), ("imports", s)] where this process's parent is
+    torchrun (its agent imports torch and starts the ranks: from its start to this process's), else [("imports",
+    s)]; "imports" runs from this process's start to now (the interpreter and the imports, up to main). From /proc
+    (Linux); [] where it cannot be read."""
     try:
         uptime = float(Path(proc, "uptime").read_text().split()[0])
         ticks = os.sysconf("SC_CLK_TCK")
@@ -214,22 +215,23 @@ def seconds_since_launch(proc="/proc"):
 
         me = started("self")
         parent = Path(proc, str(os.getppid()), "cmdline").read_bytes().replace(b"\0", b" ")
+        phases = []
         if b"torchrun" in parent or b"torch.distributed.run" in parent:
-            me = started(os.getppid())
-        return max(0.0, uptime - me)
+            phases.append(("torchrun", max(0.0, me - started(os.getppid()))))
+        return phases + [("imports", max(0.0, uptime - me))]
     except (OSError, ValueError, IndexError):
-        return None
+        return []
 
 
 class StartupClock:
     """The wait from the launch to the compile warmup, by phase: ``lap(name)`` ends a phase, ``line()`` is the
-    log's ``startup_s:`` line. The first phase (launch to main: torchrun, the interpreter, the imports) is
-    ``seconds_since_launch`` when the clock starts, and is left out where /proc is not there."""
+    log's ``startup_s:`` line. The first phases are ``launch_phases`` when the clock starts (torchrun, imports);
+    without them (no /proc) the line counts from main."""
 
     def __init__(self, since_launch):
         self.t = time.perf_counter()
-        self.from_launch = since_launch is not None
-        self.phases = [("launch to main", since_launch)] if self.from_launch else []
+        self.from_launch = bool(since_launch)
+        self.phases = list(since_launch)
 
     def lap(self, name):
         now = time.perf_counter()

@@ -90,7 +90,7 @@ from kernels.dispatch import StepKernels
 from kernels.embedding import cpu_embedding, embedding, prepare_ids
 from kernels.mlp import register_ops as register_mlp_ops, relu2_mlp
 from profiling import profile_stages
-from run_log import StartupClock, StepClock, dir_bytes, log_summary, path_lines, seconds_since_launch
+from run_log import StartupClock, StepClock, dir_bytes, launch_phases, log_summary, path_lines
 
 SLOTS = 8  # micro-batches per global batch; the 8-GPU layout every world size reproduces
 BLOCK = 128  # window sizes are counted in blocks of this many tokens (and micro-batches are multiples of it)
@@ -2052,7 +2052,7 @@ def main(argv=None):
     """Train, or with --sample / --hellaswag evaluate a checkpoint; returns what that mode returns (training: the
     log's path and the checkpoint folder). cli.py reads and checks the flags before any work, and makes a bad
     setting one line with exit code 2 and Ctrl-C exit code 130."""
-    startup = StartupClock(seconds_since_launch())
+    startup = StartupClock(launch_phases())
     args, hp = parse_args(argv, Hyperparameters, smoke_hyperparameters, __doc__.split("\n")[0])
     with one_line_errors():
         check_settings(hp, args, check_world_size, untie_step, BLOCK)

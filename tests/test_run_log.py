@@ -170,36 +170,41 @@ def _fake_proc(root, uptime, me, parent, parent_cmd, ticks):
     (root / str(os.getppid()) / "cmdline").write_bytes(parent_cmd)
 
 
-def test_seconds_since_launch_counts_from_torchrun_else_from_this_process(tmp_path):
-    """Spec: the launch is the parent's start when the parent's command line names torchrun (as the script or as
-    python -m torch.distributed.run), else this process's start; the age is /proc/uptime minus that start (stat's
-    22nd field / clock ticks per second); no /proc: None."""
+def test_launch_phases_split_torchrun_from_this_process(tmp_path):
+    """Spec: where the parent's command line names torchrun (as the script or as python -m torch.distributed.run),
+    "torchrun" runs from the parent's start to this process's, then "imports" from this process's start to now
+    (/proc/uptime); any other parent: "imports" alone. Starts are stat's 22nd field / clock ticks per second. No
+    /proc: no phases."""
     ticks = os.sysconf("SC_CLK_TCK")
-    cases = [(b"/venv/bin/python3\0/venv/bin/torchrun\0--nproc_per_node=8\0train_gpt.py\0", 1000.0 - 990.0),
-             (b"python3\0-m\0torch.distributed.run\0train_gpt.py\0", 1000.0 - 990.0),
-             (b"bash\0-c\0python train_gpt.py\0", 1000.0 - 996.5)]
+    cases = [(b"/venv/bin/python3\0/venv/bin/torchrun\0--nproc_per_node=8\0train_gpt.py\0",
+              [("torchrun", 996.5 - 990.0), ("imports", 1000.0 - 996.5)]),
+             (b"python3\0-m\0torch.distributed.run\0train_gpt.py\0",
+              [("torchrun", 996.5 - 990.0), ("imports", 1000.0 - 996.5)]),
+             (b"bash\0-c\0python train_gpt.py\0", [("imports", 1000.0 - 996.5)])]
     for i, (cmd, want) in enumerate(cases):
         _fake_proc(tmp_path / str(i), 1000.0, 996.5, 990.0, cmd, ticks)
-        assert abs(run_log.seconds_since_launch(tmp_path / str(i)) - want) < 2 / ticks, cmd
-    assert run_log.seconds_since_launch(tmp_path / "nothing") is None
+        got = run_log.launch_phases(tmp_path / str(i))
+        assert [n for n, _ in got] == [n for n, _ in want], cmd
+        assert all(abs(g - w) < 2 / ticks for (_, g), (_, w) in zip(got, want)), (cmd, got)
+    assert run_log.launch_phases(tmp_path / "nothing") == []
     if Path("/proc/self/stat").exists():
-        age = run_log.seconds_since_launch()
-        assert age is not None and 0 <= age < 24 * 3600
+        phases = run_log.launch_phases()
+        assert phases and phases[-1][0] == "imports" and all(0 <= s < 24 * 3600 for _, s in phases)
 
 
 def test_startup_clock_adds_its_phases_to_the_time_since_launch(monkeypatch):
     """Spec: line() gives the sum of the phases, then each phase with its seconds in order; a phase runs from the
-    previous lap (or the clock's start) to its own; the first is the time since launch when that is known."""
+    previous lap (or the clock's start) to its own; the first are the launch's phases when they are known."""
     now = [50.0]
     monkeypatch.setattr(run_log.time, "perf_counter", lambda: now[0])
-    clock = run_log.StartupClock(7.25)
+    clock = run_log.StartupClock([("torchrun", 2.75), ("imports", 4.5)])
     now[0] = 52.0
     clock.lap("process group")
     now[0] = 62.5
     clock.lap("parameters")
-    assert clock.line() == ("startup_s: 19.8 (from the launch to the compile warmup: launch to main 7.2, "
+    assert clock.line() == ("startup_s: 19.8 (from the launch to the compile warmup: torchrun 2.8, imports 4.5, "
                             "process group 2.0, parameters 10.5)")
-    unknown = run_log.StartupClock(None)
+    unknown = run_log.StartupClock([])
     now[0] = 63.0
     unknown.lap("process group")
     assert unknown.line() == "startup_s: 0.5 (from main to the compile warmup: process group 0.5)"

@@ -199,6 +199,7 @@ def test_smoke_loss_falls_and_log_parses(smoke_run):
     phases = dict(p.rsplit(" ", 1) for p in startup[2].split(", "))
     assert list(phases)[-6:] == ["process group", "shards and log", "compile cache", "parameters and model functions",
                                  "optimizer", "loaders"]
+    assert list(phases)[:-6] == ["imports"]  # started by python, not torchrun (run_log.launch_phases)
     assert abs(sum(map(float, phases.values())) - float(startup[1])) <= 0.05 * len(phases) + 0.05
     assert sections[2].index("startup_s:") < sections[2].index("compile_warmup_s:")
 
