@@ -225,13 +225,13 @@ def launch_phases(proc="/proc"):
 
 class StartupClock:
     """The wait from the launch to the compile warmup, by phase: ``lap(name)`` ends a phase, ``line()`` is the
-    log's ``startup_s:`` line. The first phases are ``launch_phases`` when the clock starts (torchrun, imports);
-    without them (no /proc) the line counts from main."""
+    log's ``startup_s:`` line. before_main: ``launch_phases`` when the clock starts (torchrun, imports), the
+    line's first phases; without them (no /proc) the line counts from main."""
 
-    def __init__(self, since_launch):
+    def __init__(self, before_main):
         self.t = time.perf_counter()
-        self.from_launch = bool(since_launch)
-        self.phases = list(since_launch)
+        self.from_launch = bool(before_main)
+        self.phases = list(before_main)
 
     def lap(self, name):
         now = time.perf_counter()
