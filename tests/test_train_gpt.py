@@ -32,6 +32,7 @@ from tolerances import assert_close_report, assert_matches_torch
 
 import checkpoints
 import cli
+import compilation
 import run_log
 import train_gpt as tg
 from compilation import unique_graphs
@@ -434,32 +435,44 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
 def test_a_warm_run_of_the_same_graphs_starts_no_second_processes_gpu(gpu_runs):
-    """Run "b" is run "a"'s command on a's caches: a's compile warmup left its graphs' mark there, so b starts no
-    second process and says why, and every graph it compiles is an FX graph cache hit. Run "a" itself (cold)
-    started its second processes (test_graphs_compiled_by_second_processes_are_cache_hits_gpu)."""
-    text = gpu_runs["b"][0]
-    assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == [
-        "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
+    """Runs "b" and "resumed" run on a's caches: a's compile warmup left its graphs' mark there, so neither starts a
+    second process, and each says why. Every graph "resumed" compiles is an FX graph cache hit. Run "b" has an
+    empty --compile-cache: its training and validation steps are compilation.Precompiled, each graph compiled
+    ahead of time as a whole function and saved there (one line each, no frame compiled by dynamo's usual path).
+    Run "a" itself (cold) started its second processes (test_graphs_compiled_by_second_processes_are_cache_hits_gpu)."""
+    none = ["compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
+    for run in ("b", "resumed"):
+        text = gpu_runs[run][0]
+        assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == none, run
     hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
-                                                        text, re.M)]
+                                                        gpu_runs["resumed"][0], re.M)]
     assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
-    assert re.search(r"^compile_cache: warm \(--compile-cache \S+: empty: compiling\)$", text, re.M)
+    text = gpu_runs["b"][0]
+    saved = re.findall(r"^precompiled: (\w+) [0-9a-f]{16}: compiled and saved \d+\.\d MiB in \d+\.\d s "
+                       r"\(fx_graph_cache \d+/\d+ hits\)$", text, re.M)
+    assert sorted(set(saved)) == ["train_step", "val_step"] and saved.count("train_step") >= 2, \
+        [x for x in text.splitlines() if x.startswith("precompiled")]
+    assert not re.search(r"^compile_report: frame ", text, re.M), "a graph compiled outside Precompiled"
+    assert re.search(r"^compile_cache: .+ \(--compile-cache \S+: empty: compiling\)$", text, re.M)
     assert re.search(r"^compile_cache_saved: \S+ \d+ MiB in \d+\.\d s$", text, re.M)
+    assert "compiled ahead of time and kept whole in --compile-cache" in text, "the compile_options line says nothing"
 
 
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
 def test_compile_cache_loaded_into_empty_caches_is_warm_and_bitwise_gpu(gpu_runs):
     """Run "cached" starts with empty inductor and Triton caches of its own and loads a copy, in another folder, of
-    the --compile-cache run "b" saved: the log says loaded, every compiled graph is an FX graph cache hit, the
-    compiled mark came with the cache (no second process starts, and the log says why), and its losses and final
-    weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels are the ones that ran there)."""
+    the --compile-cache run "b" saved: the log says loaded, every whole function "b" saved is loaded (no dynamo
+    trace, no frame compiled), the compiled mark came with the cache (no second process starts, and the log says
+    why), and its losses and final weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels
+    are the ones that ran there)."""
     text, steps, vals, ckpt = gpu_runs["cached"]
-    assert re.search(r"^compile_cache: loaded \S+moved_cache \(warm\)$", text, re.M), \
-        [x for x in text.splitlines() if x.startswith("compile_cache")]
-    hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
-                                                        text, re.M)]
-    assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
+    saved = re.findall(r"^precompiled: (\w+ [0-9a-f]{16}): compiled and saved ", gpu_runs["b"][0], re.M)
+    loaded = re.findall(r"^precompiled: (\w+ [0-9a-f]{16}): loaded \d+\.\d MiB in \d+\.\d s$", text, re.M)
+    assert sorted(loaded) == sorted(saved) and saved, [x for x in text.splitlines() if x.startswith("precompiled")]
+    assert re.search(rf"^compile_cache: loaded \S+moved_cache \(precompiled \({len(saved)} whole functions "
+                     rf"loaded\)\)$", text, re.M), [x for x in text.splitlines() if x.startswith("compile_cache")]
+    assert not re.search(r"^compile_report: frame ", text, re.M), "a graph compiled after all"
     assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == [
         "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
     _, steps_a, vals_a, ckpt_a = gpu_runs["a"]
@@ -551,7 +564,7 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
 
 
 @pytest.mark.parametrize("graph", ["validation", "stage 1"])
-def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph):
+def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph, tmp_path):
     """compile_ahead, started as the run starts it (AHEAD_ENTRY in train_gpt.py's folder, the spec of ahead_spec on
     stdin), rebuilds the run's settings (HellaSwag off) and validates the micro-batch the compile warmup validates,
     or runs the training step the warmup runs first at stage 1's micro-batch length: its loss is bitwise the run's
@@ -568,6 +581,9 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
                                                 tg.Hyperparameters, tg.Stage)
     assert rebuilt == dataclasses.replace(hp, hellaswag_every=0)
     assert spec["device"] == "cpu" and spec["deterministic"] is True and spec["step"] == step
+    assert spec["precompiled"] is None  # no --compile-cache; with one, its folder (Trainer's precompiled)
+    assert tg.ahead_spec(hp, types.SimpleNamespace(deterministic=True), d, train_files, val_files, step,
+                         tmp_path / "aot")["precompiled"] == str(tmp_path / "aot")
     res = subprocess.run([sys.executable, "-c", tg.AHEAD_ENTRY], cwd=tg.HERE, input=json.dumps(spec), text=True,
                          capture_output=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -913,6 +929,30 @@ def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
     if on:
         with torch._inductor.config.patch(train_options):  # each one an option of this torch's inductor
             pass
+
+
+@pytest.mark.parametrize("cpp", [False, True])
+def test_compile_cache_makes_both_steps_precompiled_over_their_plain_compiles(monkeypatch, tmp_path, cpp):
+    """With a folder for whole compiled functions (--compile-cache's, Compilation.precompiled), build_fns makes
+    train_step and val_step compilation.Precompiled around the functions it would compile, with the plain
+    torch.compile (the same options) as their fallback, keeping them in that folder; the log line says so. Without
+    the folder the steps are the plain compiles, and without compilation the folder is not used."""
+    calls = []
+    monkeypatch.setattr(tg.torch, "compile", lambda f, **kw: calls.append((f.__name__, kw)) or (lambda *a: f))
+    hp = dataclasses.replace(tg.smoke_hyperparameters(), cpp_wrapper=cpp)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=True, precompiled=tmp_path / "aot")
+    steps = (fns.train_step, fns.val_step)
+    assert all(isinstance(s, compilation.Precompiled) for s in steps)
+    assert [(s.name, s.fn.__name__, s.folder, s.options) for s in steps] == [
+        ("train_step", "train_step", tmp_path / "aot", tg.cpp_wrapper_options() if cpp else None),
+        ("val_step", "val_step", tmp_path / "aot", None)]
+    assert [s.fallback() for s in steps] == [s.fn for s in steps]  # each fallback is torch.compile of its own fn
+    assert [name for name, _ in calls] == ["train_step", "val_step"]
+    assert "compiled ahead of time and kept whole in --compile-cache" in fns.compile_path
+    plain = tg.build_fns(hp, torch.device("cpu"), compile_model=True)
+    assert not isinstance(plain.train_step, compilation.Precompiled) and "kept whole" not in plain.compile_path
+    eager = tg.build_fns(hp, torch.device("cpu"), compile_model=False, precompiled=tmp_path / "aot")
+    assert eager.train_step.__name__ == "train_step" and eager.compile_path == "not compiled"
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
