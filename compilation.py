@@ -331,6 +331,8 @@ class Precompiled:
             key = self.keys[quick] = hashlib.sha256(call_signature(args).encode()).hexdigest()[:16]
         if key not in self.fns:
             self.fns[key] = self._load_or_compile(key, args)
+            if self.fns[key] is not None:
+                self.fns[key].disable_guard_check()  # checked below, once per call (it would check them again)
         f = self.fns[key]
         if f is None:
             return self.fallback(*args)

@@ -541,9 +541,9 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
         threads.append(threading.current_thread())
         return real_init(*args)
 
-    def build_fns(*args):
+    def build_fns(*args, **kw):
         torch.rand(1000)  # the global generator moves while the parameters are drawn
-        return real_build(*args)
+        return real_build(*args, **kw)
     monkeypatch.setattr(tg, "init_params", init_params)
     monkeypatch.setattr(tg, "build_fns", build_fns)
     tr = tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
@@ -609,7 +609,8 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph,
 def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
     """start_compile_ahead: one process per ahead_graphs entry, each with its spec, where the run compiles ahead;
     none with --no-compile-ahead, none where Compilation says no (no compilation, a loaded --compile-cache, the
-    graphs marked compiled in this inductor cache: then, unless --no-compile-ahead, the log says why)."""
+    graphs marked compiled in this inductor cache: then, unless --no-compile-ahead, the log says why). Each spec
+    names the run's folder of whole compiled functions (Compilation.precompiled: --compile-cache's, or None)."""
     hp, d = tg.Hyperparameters(), Dist(device=torch.device("cpu"))
 
     class Compiling:
@@ -620,8 +621,12 @@ def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
         def compiles_ahead(self):
             return self.ahead
 
+        def precompiled(self):
+            return Path("cc/aot/k")
+
         def start_ahead(self, what, command, spec, cwd):
             self.started.append((what, command, spec["step"], cwd))
+            assert spec["precompiled"] == str(Path("cc/aot/k"))
     args = types.SimpleNamespace(deterministic=False)
     on = Compiling(True)
     tg.start_compile_ahead(on, hp, args, d, ["t.bin"], ["v.bin"])
