@@ -282,8 +282,9 @@ PRECOMPILED = []
 
 def call_signature(args):
     """A string naming what a compiled function's guards depend on in ``args``: the nesting (dicts' keys, tuples'
-    lengths and types), each tensor's dtype, device type, size and stride (-1 in a dimension marked dynamic) and
-    requires_grad, and each other leaf's type and value. Calls with one signature share one compiled graph."""
+    lengths and types), each tensor's dtype, device (with its index: each rank keeps its own graphs, whose code may
+    name the GPU they were compiled for), size and stride (-1 in a dimension marked dynamic) and requires_grad, and each
+    other leaf's type and value. Calls with one signature share one compiled graph."""
     leaves, spec = torch.utils._pytree.tree_flatten(args)
     parts = [str(spec)]
     for x in leaves:
@@ -291,7 +292,7 @@ def call_signature(args):
             dyn = getattr(x, "_dynamo_dynamic_indices", set())
             size = tuple(-1 if i in dyn else n for i, n in enumerate(x.shape))
             stride = tuple(-1 if i in dyn else n for i, n in enumerate(x.stride()))
-            parts.append(f"tensor {x.dtype} {x.device.type} {size} {stride} {x.requires_grad}")
+            parts.append(f"tensor {x.dtype} {x.device} {size} {stride} {x.requires_grad}")
         else:
             parts.append(f"{type(x).__name__} {x!r}" if isinstance(x, (bool, int, float, str, type(None)))
                          else type(x).__name__)
@@ -300,10 +301,10 @@ def call_signature(args):
 
 def quick_signature(args):
     """A hashable stand-in for call_signature, cheaper to make (one per call): each leaf's type and, for a tensor,
-    its sizes, strides, dtype, device type and requires_grad (a dynamic size as it is: one entry per count of
+    its sizes, strides, dtype, device and requires_grad (a dynamic size as it is: one entry per count of
     documents), else the leaf itself. Calls with equal quick signatures and one nesting have equal signatures (a
     nesting that changed is for the function's guards to refuse)."""
-    return tuple((type(x), x.shape, x.stride(), x.dtype, x.device.type, x.requires_grad)
+    return tuple((type(x), x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
                  if isinstance(x, torch.Tensor) else (type(x), x) for x in torch.utils._pytree.tree_leaves(args))
 
 

@@ -511,6 +511,31 @@ def _assert_near_spec(results, calls=((8, [3]), (8, [2, 5, 6]), (12, [4]))):
             assert torch.allclose(g, w, rtol=0, atol=1e-5 * max(w.abs().max().item(), 1e-3)), (T, cuts, g, w)
 
 
+def test_call_signatures_tell_apart_what_the_guards_check():
+    """call_signature: another dtype, size, stride, requires_grad, device, dict key or non-tensor value is another
+    signature; another length in a dimension marked dynamic is not. quick_signature tells apart at least as much
+    (for one nesting), and is hashable."""
+    def args(x=None, cu=None, extra=3, key="w"):
+        x = torch.zeros(4, 8) if x is None else x
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32) if cu is None else cu
+        torch._dynamo.mark_dynamic(cu, 0)
+        return ({key: torch.ones(8, 8, requires_grad=True)}, x, cu, extra)
+
+    base = args()
+    same = [args(cu=torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32))]
+    other = [args(x=torch.zeros(4, 8, dtype=torch.bfloat16)), args(x=torch.zeros(5, 8)),
+             args(x=torch.zeros(8, 4).T),
+             args(x=torch.zeros(4, 8, requires_grad=True)), args(x=torch.zeros(4, 8, device="meta")),
+             args(extra=4), args(extra=None), args(key="v")]
+    sig = compilation.call_signature(base)
+    assert all(compilation.call_signature(a) == sig for a in same)
+    assert len({sig, *(compilation.call_signature(a) for a in other)}) == len(other) + 1
+    quick = compilation.quick_signature(base)
+    hash(quick)
+    for a in other[:-1]:  # the last differs in its nesting only: the guards' to refuse
+        assert compilation.quick_signature(a) != quick
+
+
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor's CPU code needs a C++ compiler")
 def test_precompiled_saves_whole_functions_then_loads_them_bitwise(tmp_path):
     """A first process compiles the step ahead of time once per signature (two micro-batch lengths; the second
