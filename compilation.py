@@ -569,14 +569,16 @@ class Compilation:
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines
         (log_compilation, with frames(names of the graphs second processes compiled): their compile_report frames).
         Without compilation run is not called (it would only repeat work): compile_warmup_s 0. After the warmup
-        rank 0 writes the compiled_mark of the run's key."""
+        rank 0 writes the compiled_mark of the run's key, unless the steps were Precompiled (--compile-cache): their
+        compiles ahead of time leave no graph in the FX graph cache, so a later run on this inductor cache without
+        --compile-cache would find the mark but not the graphs, and compile them one after another."""
         if not self.enabled:
             self.log("compile_warmup_s: 0.0")
             return
         n_before = len(compile_metrics())
         phases = run()
         log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d, frames(self.ahead_ok))
-        if self.key is not None and self.d.rank == 0:
+        if self.key is not None and self.d.rank == 0 and self.precompiled() is None:
             mark = compiled_mark(self.key)
             mark.parent.mkdir(parents=True, exist_ok=True)
             mark.touch()

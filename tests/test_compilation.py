@@ -351,7 +351,7 @@ def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_s
     """Compilation.warmup, on rank 0 once run() returned, writes a mark for its key in the inductor cache
     (TORCHINDUCTOR_CACHE_DIR): a later Compilation of that key there is ``marked`` and compiles nothing ahead; another
     key, another inductor cache, no key, no compilation, another rank or a warmup that raised leave or write no
-    mark."""
+    mark; nor does a run with --compile-cache (its steps Precompiled: no graph of theirs is in the FX graph cache)."""
     ind, _ = compiler_caches
     d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
     marks = lambda: sorted(str(p.relative_to(ind)) for p in ind.rglob("*") if p.is_file() and p.name != "graph.py")
@@ -363,6 +363,9 @@ def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_s
         lambda: [])
     Compilation(False, None, d, [].append, "k1").warmup(lambda: [])
     Compilation(True, None, d, [].append).warmup(lambda: [])
+    filling = Compilation(True, str(tmp_path / "cc"), d, [].append, "k1")
+    assert filling.precompiled() is not None
+    filling.warmup(lambda: [("stage0", 1.0)])
     assert marks() == [] and Compilation(True, None, d, [].append, "k1").compiles_ahead()
     first.warmup(lambda: [("stage0", 1.0)])
     assert marks() == ["train_gpt_compiled/k1"]
