@@ -460,7 +460,7 @@ def test_a_warm_run_of_the_same_graphs_starts_no_second_processes_gpu(gpu_runs):
 
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
-def test_compile_cache_loaded_into_empty_caches_is_warm_and_bitwise_gpu(gpu_runs):
+def test_compile_cache_loaded_into_empty_caches_loads_whole_functions_bitwise_gpu(gpu_runs):
     """Run "cached" starts with empty inductor and Triton caches of its own and loads a copy, in another folder, of
     the --compile-cache run "b" saved: the log says loaded, every whole function "b" saved is loaded (no dynamo
     trace, no frame compiled), the compiled mark came with the cache (no second process starts, and the log says
