@@ -299,13 +299,13 @@ def call_signature(args):
     return "\n".join(parts)
 
 
-def quick_signature(args):
-    """A hashable stand-in for call_signature, cheaper to make (one per call): each leaf's type and, for a tensor,
-    its sizes, strides, dtype, device and requires_grad (a dynamic size as it is: one entry per count of
-    documents), else the leaf itself. Calls with equal quick signatures and one nesting have equal signatures (a
+def quick_signature(leaves):
+    """A hashable stand-in for call_signature of the call whose pytree leaves are ``leaves``, cheaper to make (one
+    per call): each leaf's type and, for a tensor, its sizes, strides, dtype, device and requires_grad (a dynamic
+    size as it is: one entry per count of documents), else the leaf itself. Calls with equal quick signatures and one nesting have equal signatures (a
     nesting that changed is for the function's guards to refuse)."""
     return tuple((type(x), x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
-                 if isinstance(x, torch.Tensor) else (type(x), x) for x in torch.utils._pytree.tree_leaves(args))
+                 if isinstance(x, torch.Tensor) else (type(x), x) for x in leaves)
 
 
 class Precompiled:
@@ -326,7 +326,8 @@ class Precompiled:
         torch._dynamo.config.enable_aot_compile = True
 
     def __call__(self, *args):
-        quick = quick_signature(args)
+        leaves = torch.utils._pytree.tree_leaves(args)  # once per call: both uses below read them
+        quick = quick_signature(leaves)
         key = self.keys.get(quick)
         if key is None:  # a new shape (or count of documents): the full signature, hashed
             key = self.keys[quick] = hashlib.sha256(call_signature(args).encode()).hexdigest()[:16]
@@ -337,7 +338,7 @@ class Precompiled:
         f = self.fns[key]
         if f is None:
             return self.fallback(*args)
-        marks = strip_dim_marks(args)
+        marks = strip_dim_marks(leaves)
         if not f.guard_check(*args):
             PRECOMPILED.append(("plain", f"precompiled: {self.name} {key}: its guards refuse this call: compiled "
                                          f"as usual", 0, 0))
@@ -389,10 +390,11 @@ def _first_line(e):
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def strip_dim_marks(args):
-    """Remove DIM_MARKS from every tensor in args (nested); returns [(tensor, attribute, value)] removed."""
+def strip_dim_marks(leaves):
+    """Remove DIM_MARKS from every tensor of ``leaves`` (a call's pytree leaves); returns [(tensor, attribute,
+    value)] removed."""
     removed = []
-    for x in torch.utils._pytree.tree_leaves(args):
+    for x in leaves:
         if isinstance(x, torch.Tensor):
             for attr in DIM_MARKS:
                 if hasattr(x, attr):
