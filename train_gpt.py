@@ -1125,14 +1125,18 @@ def build_fns(hp, device, compile_model, attention="auto", precompiled=None):
             return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)
     layers = make_layers(hp, attend, mlp)
 
+    # The head's closures hold the float softcap, not hp: a function saved by --compile-cache whose guards reach hp
+    # through two closures (layers' and val_loss') does not load (dynamo keeps only one of the two paths).
+    softcap = hp.softcap
+
     def loss(x, w, t, wk, head8=None):
-        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)
+        return head_loss(x, w, t, wk, softcap, ce, fp8, grad_in_fwd, head8)
 
     def head_operands(lm_head):
         return fp8_head_weights(lm_head, FP8_W_S) if fp8 else None
 
     def val_loss(x, w, t, wk):
-        return head_loss(x, w, t, wk, hp.softcap, ce, False)
+        return head_loss(x, w, t, wk, softcap, ce, False)
 
     prefix = prefix_token_table(load_gpt2(), hp.vocab_size).to(device) if hp.prefix_loss else None
 

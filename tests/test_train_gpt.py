@@ -960,6 +960,72 @@ def test_compile_cache_makes_both_steps_precompiled_over_their_plain_compiles(mo
     assert eager.train_step.__name__ == "train_step" and eager.compile_path == "not compiled"
 
 
+STEPS_SAVED_SCRIPT = r'''
+import functools, hashlib, json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+folder, layout = sys.argv[2], sys.argv[3]
+# The eager backend: what is at stake here is dynamo's guards, saved with each function and rebuilt by the loading
+# process; inductor would add a minute of C++ compiling per process and nothing to that.
+torch.compile = functools.partial(torch.compile, backend="eager")
+import compilation
+import train_gpt as tg
+
+features = dict(one_stream=True, mudd=True, xsa=True, backout_layer=0, num_heads=4, head_dim=16)
+hp = tg.smoke_hyperparameters(**(features if layout == "default_features" else {}))
+dev = torch.device("cpu")
+g = torch.Generator().manual_seed(8)
+ids = torch.randint(0, hp.bos_id, (256,), generator=g).to(torch.int32)
+ids[0] = ids[100] = hp.bos_id
+big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
+mb = tg.MicroBatch(ids, torch.randint(0, hp.bos_id, (256,), generator=g), tg.prepare_ids(ids, hp.vocab_size),
+                   bigram=big, bigram_prep=tg.prepare_ids(big, hp.bigram_vocab_size))
+mtp = torch.tensor([1.0, 0.5, 0.25])
+
+
+def losses_and_grads(compile_model):
+    params = {k: v.detach().requires_grad_() for k, v in tg.init_params(hp, dev, 7).items()}
+    fns = tg.build_fns(hp, dev, compile_model=compile_model, attention="dense", precompiled=folder)
+    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp)
+    loss.backward()
+    grads = [params[k].grad for k in sorted(params) if params[k].grad is not None]
+    for p in params.values():
+        p.grad = None  # as the trainer leaves them at validation (folded into its accumulators)
+    with torch.no_grad():
+        val = tg.forward(hp, params, fns, mb, (1, 2), {}, train=False)
+    h = hashlib.sha256()
+    for t in [loss.detach(), val] + grads:
+        h.update(t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
+out = {"eager": losses_and_grads(False), "pre": losses_and_grads(True)}
+out["entries"] = [e[:2] for e in compilation.PRECOMPILED]
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("layout", ["record74", "default_features"])
+def test_both_steps_saved_by_precompiled_load_whole_in_a_new_process(tmp_path, layout):
+    """build_fns' train_step and val_step under --compile-cache (compilation.Precompiled; dynamo's eager backend
+    here): a first process compiles each ahead of time and saves it, a second loads both files and no step falls
+    back to the plain compile (a function whose guards cannot be rebuilt from its file, such as one reaching an
+    object through two closures, would); the loss, the validation loss and every gradient are eager's bits in
+    both. The smoke layout, and with the default's features (one stream, MUDD, XSA)."""
+    def phase():
+        r = subprocess.run([sys.executable, "-c", STEPS_SAVED_SCRIPT, str(REPO), str(tmp_path / "aot"), layout],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+        lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+        return json.loads(lines[0][7:])
+
+    first, second = phase(), phase()
+    assert [k for k, _ in first["entries"]] == ["compiled", "compiled"], first["entries"]
+    assert sorted(x.split()[1] for _, x in first["entries"]) == ["train_step", "val_step"], first["entries"]
+    assert [k for k, _ in second["entries"]] == ["loaded", "loaded"], second["entries"]
+    assert first["pre"] == first["eager"] and second["pre"] == first["eager"], (first, second)
+
+
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
 def test_train_step_gradient_and_loss_are_the_global_batch_mean(small_vocab_data, device, accumulate):
     """Trainer.train_step at world size 1, fp32: the gradient it accumulates over the 8 micro-steps equals the
