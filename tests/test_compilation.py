@@ -433,13 +433,16 @@ def test_copy_cache_tree_merges_and_skips_files_removed_while_it_copies(tmp_path
 # ------------------------------------------------------------------------------------------ Precompiled
 # A two-layer step in the shape of train_step's call: a dict of parameters, token rows x (T, C) and document bounds
 # cu whose length is marked dynamic (any count of documents, one graph). The test's process never compiles: each
-# phase is a fresh interpreter, as a run and a later run are.
+# phase is a fresh interpreter, as a run and a later run are. The step runs on the GPU where there is one (inductor's
+# Triton code, as in a run), else on the CPU (inductor's C++: each phase builds its kernels, slow where many
+# processes share the cores).
 PRECOMPILED_SCRIPT = r'''
 import json, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 import compilation
 folder, phase = sys.argv[2], sys.argv[3]
+dev = "cuda" if torch.cuda.is_available() else "cpu"
 
 def step(p, x, cu):
     h = torch.relu(x @ p["w1"]) ** 2
@@ -450,10 +453,10 @@ def inputs(T, cuts):
     g = torch.Generator().manual_seed(T)
     p = {"w1": torch.randn(16, 24, generator=g), "w2": torch.randn(24, 8, generator=g) / 5,
          "s": torch.tensor(0.75)}
-    p = {k: v.requires_grad_() for k, v in p.items()}
-    cu = torch.tensor([0, *cuts, T], dtype=torch.int32)
+    p = {k: v.to(dev).requires_grad_() for k, v in p.items()}
+    cu = torch.tensor([0, *cuts, T], dtype=torch.int32, device=dev)
     torch._dynamo.mark_dynamic(cu, 0)
-    return p, torch.randn(T, 16, generator=g), cu
+    return p, torch.randn(T, 16, generator=g).to(dev), cu
 
 def run(f, T, cuts):
     p, x, cu = inputs(T, cuts)
@@ -539,7 +542,8 @@ def test_call_signatures_tell_apart_what_the_guards_check():
         assert compilation.quick_signature(torch.utils._pytree.tree_leaves(a)) != quick
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor's CPU code needs a C++ compiler")
+@pytest.mark.skipif(not (torch.cuda.is_available() or shutil.which("g++") or shutil.which("c++")),
+                    reason="inductor's CPU code needs a C++ compiler")
 def test_precompiled_saves_whole_functions_then_loads_them_bitwise(tmp_path):
     """A first process compiles the step ahead of time once per signature (two micro-batch lengths; the second
     call of the first length, with another count of documents, reuses its function: cu's length is dynamic) and
@@ -568,7 +572,8 @@ def test_precompiled_saves_whole_functions_then_loads_them_bitwise(tmp_path):
     assert third["pre"] == first["pre"]
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="inductor's CPU code needs a C++ compiler")
+@pytest.mark.skipif(not (torch.cuda.is_available() or shutil.which("g++") or shutil.which("c++")),
+                    reason="inductor's CPU code needs a C++ compiler")
 def test_precompiled_function_whose_guards_refuse_a_call_leaves_it_to_torch_compile(tmp_path):
     """With call_signature made blind to the length, the 12-row call reaches the function compiled for 8 rows: its
     guards refuse it, one line says so, and that call and the next ones of the signature go to the plain
