@@ -93,7 +93,9 @@ def parse_args(argv, hyperparameters, smoke_hyperparameters, description=None):
                         "--seed (default: %(default)s)")
     p.add_argument("--compile-cache", metavar="PATH",
                    help="directory of compile artifacts: loaded at start when its torch/Triton/GPU/code stamp "
-                        "matches (else emptied and compiled cold), saved after the compile warmup")
+                        "matches (else emptied and compiled cold), saved after the compile warmup; the training "
+                        "and validation steps are kept there as whole functions compiled ahead of time, which a "
+                        "later run loads without tracing them (torch's aot_compile)")
     args = p.parse_args(argv)
     hp = smoke_hyperparameters() if args.smoke else hyperparameters()
     hp = dataclasses.replace(hp, **{k: getattr(args, k) for k in given_hyperparameters(args, hyperparameters)})

@@ -9,7 +9,9 @@ FX-graph cache hits) and a total; the cache state, "cold", "warm" or "partly war
 line. ``log_compilation`` writes these after the warmup.
 
 --compile-cache PATH (``CompileCache``, opened before anything compiles): compiled artefacts kept between
-processes, stamped with the versions, the GPU and the hash of the code that ran.
+processes, stamped with the versions, the GPU and the hash of the code that ran. With it the training and
+validation steps are ``Precompiled``: each graph compiled ahead of time as a whole function (torch's
+``aot_compile``) and saved there, so that a later run loads it without dynamo's trace or the caches' lookups.
 
 ``AheadProcess``: a second process that compiles a graph into the compile caches this process reads, while this
 one compiles another (train_gpt.py: the validation step and the training step's other micro-batch lengths, beside
@@ -120,14 +122,15 @@ def _cache_counts(entries, prefix):
     return hits, hits + sum(getattr(x, f"{prefix}_miss_count", 0) or 0 for x in entries if x)
 
 
-def compile_report(metrics, phases, ahead=frozenset()):
+def compile_report(metrics, phases, ahead=frozenset(), more=(0, 0)):
     """(lines, cache state): one `compile_report:` line per compiled frame (dynamo tracing, AOT autograd, inductor,
     Triton compilation, the backward's inductor and Triton time, the FX-graph and AOT-autograd cache hits) and a
     total; the cache state, from the FX-graph cache, is "cold" (no graph came from the inductor cache), "warm" (all
     did) or "partly warm (h of n graphs from the cache)". ahead: the frames ("train_step [0/1]") whose graphs a
     second process of this run compiled (AheadProcess): their lines say so, and the state leaves them out (it
-    says what the caches held when the run started)."""
-    lines, hits, lookups = [], 0, 0
+    says what the caches held when the run started). more: (hits, lookups) of the FX graph cache outside frames
+    (Precompiled's compiles), added to the state's."""
+    lines, (hits, lookups) = [], more
     backward = {m.compile_id: m for m in metrics if getattr(m, "is_forward", True) is False}
     # frames only: torch also records entries without a code object (runtime events), which carry no times
     metrics = [m for m in metrics if getattr(m, "co_name", None) is not None or m in backward.values()]
@@ -197,11 +200,13 @@ def triton_cache_dir():
 class CompileCache:
     """--compile-cache PATH: compile artifacts a user can keep (another process, another day, a copy on another
     machine of the same kind). PATH holds inductor's cache (compiled graphs, their Triton kernels), the Triton
-    cache of our own kernels, and stamp.json: the torch / Triton / CUDA / Python versions, the GPU and the
-    sha256 of the source that ran. At start (before anything compiles), a matching stamp points inductor and
+    cache of our own kernels, aot/KEY/ (the training and validation steps as whole compiled functions, Precompiled,
+    per train_gpt.graphs_key) and stamp.json: the torch / Triton / CUDA / Python versions, the GPU and the sha256
+    of the source that ran. At start (before anything compiles), a matching stamp points inductor and
     Triton at PATH (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): the compile then reads finished artifacts.
     A stamp that differs is reported in one line and PATH is emptied: the run compiles cold. After the warmup
-    the caches the run used are copied into PATH (when it was not reading from there already) and stamped."""
+    the caches the run used are copied into PATH (when it was not reading from there already) and stamped; the
+    whole compiled functions are written there as they compile."""
 
     def __init__(self, path, stamp):
         self.path, self.stamp = Path(path), stamp
@@ -214,8 +219,9 @@ class CompileCache:
                 "python": platform.python_version(), "gpu": gpu,
                 "code": hashlib.sha256(source_dump().encode()).hexdigest()[:16]}
 
-    def open(self):
-        """Read PATH's stamp and point the compilers at PATH if it matches; call before any compilation."""
+    def open(self, owner=True):
+        """Read PATH's stamp and point the compilers at PATH if it matches; call before any compilation. owner (rank
+        0, which opens first): empties what does not match."""
         stamp_file = self.path / "stamp.json"
         if self.path.exists() and not self.path.is_dir():
             raise FileNotFoundError(f"--compile-cache {self.path}: exists and is not a directory")
@@ -230,13 +236,15 @@ class CompileCache:
             else:
                 self.why = ("made with " + ", ".join(f"{k} {old.get(k)}" for k in diff) + "; this run has "
                             + ", ".join(f"{k} {self.stamp[k]}" for k in diff) + ": emptied, compiling")
-                for sub in ("inductor", "triton", "stamp.json"):
+                for sub in ("inductor", "triton", "aot", "stamp.json"):
                     p = self.path / sub
                     shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         elif self.path.is_dir() and any(self.path.iterdir()):
             self.why = "no stamp.json (an interrupted save?): compiling"
         else:
             self.why = "empty: compiling"
+        if owner and not self.loaded:  # an unstamped save's whole functions may be another code's
+            shutil.rmtree(self.path / "aot", ignore_errors=True)
         if self.loaded:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.path / "inductor")
             os.environ["TRITON_CACHE_DIR"] = str(self.path / "triton")
@@ -260,6 +268,141 @@ class CompileCache:
         return f"compile_cache_saved: {self.path} {size:.0f} MiB in {time.perf_counter() - t0:.1f} s"
 
 
+# The attributes torch.compile's dimension marks (torch._dynamo.mark_dynamic and its kin) leave on a tensor. A loaded
+# Precompiled function's guards refuse a tensor that carries them (torch 2.11 and 2.13: "present on runtime tensor
+# but was absent at compile time"), though the function compiled with them: Precompiled strips them from its
+# inputs once the function exists (they only tell a compile which sizes vary).
+DIM_MARKS = ("_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices", "_dynamo_unbacked_indices",
+             "_dynamo_strict_unbacked_indices", "_dynamo_static_indices", "_has_dynamo_dim_marking")
+
+# What Precompiled did since the last log_compilation, one (kind, line, FX graph cache hits, lookups) per function:
+# kind "loaded", "compiled" (and saved) or "plain" (left to torch.compile); log_compilation logs the lines
+PRECOMPILED = []
+
+
+def call_signature(args):
+    """A string naming what a compiled function's guards depend on in ``args``: the nesting (dicts' keys, tuples'
+    lengths and types), each tensor's dtype, device (with its index: each rank keeps its own graphs, whose code may
+    name the GPU they were compiled for), size and stride (-1 in a dimension marked dynamic) and requires_grad, and each
+    other leaf's type and value. Calls with one signature share one compiled graph."""
+    leaves, spec = torch.utils._pytree.tree_flatten(args)
+    parts = [str(spec)]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            dyn = getattr(x, "_dynamo_dynamic_indices", set())
+            size = tuple(-1 if i in dyn else n for i, n in enumerate(x.shape))
+            stride = tuple(-1 if i in dyn else n for i, n in enumerate(x.stride()))
+            parts.append(f"tensor {x.dtype} {x.device} {size} {stride} {x.requires_grad}")
+        else:
+            parts.append(f"{type(x).__name__} {x!r}" if isinstance(x, (bool, int, float, str, type(None)))
+                         else type(x).__name__)
+    return "\n".join(parts)
+
+
+def quick_signature(leaves):
+    """A hashable stand-in for call_signature of the call whose pytree leaves are ``leaves``, cheaper to make (one
+    per call): each leaf's type and, for a tensor, its sizes, strides, dtype, device and requires_grad (a dynamic
+    size as it is: one entry per count of documents), else the leaf itself. Calls with equal quick signatures and one nesting have equal signatures (a
+    nesting that changed is for the function's guards to refuse)."""
+    return tuple((type(x), x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
+                 if isinstance(x, torch.Tensor) else (type(x), x) for x in leaves)
+
+
+class Precompiled:
+    """--compile-cache's whole compiled functions: ``fn`` compiled ahead of time per call signature
+    (``torch.compile(fn, fullgraph=True, dynamic=False, options=options).aot_compile``: dynamo's trace, AOT
+    autograd's forward and backward graphs and inductor's code with its Triton kernels, in one file), kept in
+    ``folder`` as NAME-SIGNATURE_HASH.aot. A call whose signature has a file there loads it (no dynamo trace, no
+    cache lookups); one without compiles it and writes the file. The result is the function torch.compile would
+    have built: the same graphs and kernels. A file that does not load is compiled again; guards that refuse the
+    call, or a compile ahead of time that fails, leave the signature to ``fallback`` (the plain torch.compile of
+    fn). Each step is one entry of PRECOMPILED. torch 2.11 needs torch._dynamo.config.enable_aot_compile set, which
+    the constructor does (a compiler setting: only --compile-cache, an opt-in, makes a Precompiled)."""
+
+    def __init__(self, fn, name, folder, fallback, options=None):
+        self.fn, self.name, self.folder, self.fallback, self.options = fn, name, Path(folder), fallback, options
+        self.fns = {}  # signature hash -> the compiled function (None: use the fallback)
+        self.keys = {}  # quick_signature -> signature hash (call_signature costs ~4x as much, per micro-batch)
+        torch._dynamo.config.enable_aot_compile = True
+
+    def __call__(self, *args):
+        leaves = torch.utils._pytree.tree_leaves(args)  # once per call: both uses below read them
+        quick = quick_signature(leaves)
+        key = self.keys.get(quick)
+        if key is None:  # a new shape (or count of documents): the full signature, hashed
+            key = self.keys[quick] = hashlib.sha256(call_signature(args).encode()).hexdigest()[:16]
+        if key not in self.fns:
+            self.fns[key] = self._load_or_compile(key, args)
+            if self.fns[key] is not None:
+                self.fns[key].disable_guard_check()  # checked below, once per call (it would check them again)
+        f = self.fns[key]
+        if f is None:
+            return self.fallback(*args)
+        marks = strip_dim_marks(leaves)
+        if not f.guard_check(*args):
+            PRECOMPILED.append(("plain", f"precompiled: {self.name} {key}: its guards refuse this call: compiled "
+                                         f"as usual", 0, 0))
+            self.fns[key] = None
+            for x, attr, value in marks:  # the plain compile reads them
+                setattr(x, attr, value)
+            return self.fallback(*args)
+        return f(*args)
+
+    def _load_or_compile(self, key, args):
+        path = self.folder / f"{self.name}-{key}.aot"
+        t0 = time.perf_counter()
+        if path.is_file():
+            try:
+                with open(path, "rb") as f:
+                    fn = torch.compiler.load_compiled_function(f)
+                size = path.stat().st_size / 2 ** 20
+                PRECOMPILED.append(("loaded", f"precompiled: {self.name} {key}: loaded {size:.1f} MiB in "
+                                              f"{time.perf_counter() - t0:.1f} s", 0, 0))
+                return fn
+            except Exception as e:  # noqa: BLE001 (any failure: this graph compiles)
+                not_loaded = f"{path} did not load ({_first_line(e)}), "
+        else:
+            not_loaded = ""
+        from torch._dynamo.utils import counters
+        before = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+        try:
+            fn = torch.compile(self.fn, fullgraph=True, dynamic=False, options=self.options).aot_compile((args, {}))
+            data = type(fn).serialize(fn).serialized_data
+        except Exception as e:  # noqa: BLE001
+            PRECOMPILED.append(("plain", f"precompiled: {self.name} {key}: {not_loaded}not compiled ahead of time "
+                                         f"({_first_line(e)}): compiled as usual", 0, 0))
+            return None
+        hits = counters["inductor"]["fxgraph_cache_hit"] - before[0]
+        lookups = hits + counters["inductor"]["fxgraph_cache_miss"] - before[1]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or not at all: ranks may write it at once
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        PRECOMPILED.append(("compiled", f"precompiled: {self.name} {key}: {not_loaded}compiled and saved "
+                                        f"{len(data) / 2 ** 20:.1f} MiB in {time.perf_counter() - t0:.1f} s "
+                                        f"(fx_graph_cache {hits}/{lookups} hits)", hits, lookups))
+        return fn
+
+
+def _first_line(e):
+    """An exception as "Type: first line of its message"."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def strip_dim_marks(leaves):
+    """Remove DIM_MARKS from every tensor of ``leaves`` (a call's pytree leaves); returns [(tensor, attribute,
+    value)] removed."""
+    removed = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            for attr in DIM_MARKS:
+                if hasattr(x, attr):
+                    removed.append((x, attr, getattr(x, attr)))
+                    delattr(x, attr)
+    return removed
+
+
 def copy_cache_tree(src, dst):
     """Copy the cache folder src into dst (merging), skipping what another process compiling into src meanwhile
     removes before it is copied: inductor and Triton write each entry as a temporary file and rename it, so a file
@@ -277,10 +420,19 @@ def copy_cache_tree(src, dst):
 def log_compilation(log, phases, metrics, cache, d, ahead=frozenset()):
     """After the compile warmup: compile_warmup_s (the phases' seconds), how the compile started (the
     compile_cache line: cold, warm, or loaded from --compile-cache) and the compile_report lines of the frames
-    ``metrics`` (ahead: compile_report's); then rank 0 copies the caches into --compile-cache while the other ranks
-    wait."""
+    ``metrics`` (ahead: compile_report's) and the lines of Precompiled (--compile-cache's whole functions: loaded,
+    or compiled and saved; the state reads "precompiled" where every graph loaded whole); then rank 0 copies the
+    caches into --compile-cache while the other ranks wait."""
     log(f"compile_warmup_s: {sum(s for _, s in phases):.1f}")
-    lines, state = compile_report(metrics, phases, ahead)
+    more = tuple(sum(e[i] for e in PRECOMPILED) for i in (2, 3))
+    lines, state = compile_report(metrics, phases, ahead, more)
+    loaded = sum(e[0] == "loaded" for e in PRECOMPILED)
+    if loaded:
+        alone = loaded == len(PRECOMPILED) and not any(x.startswith("compile_report: frame ") for x in lines)
+        whole = f"{loaded} whole functions loaded"
+        state = f"precompiled ({whole})" if alone else f"{state}; {whole}"
+    lines += [e[1] for e in PRECOMPILED]
+    PRECOMPILED.clear()
     log(f"compile_cache: {cache.describe(state) if cache is not None else state}")
     for line in lines:
         log(line)
@@ -384,9 +536,16 @@ class Compilation:
             if d.world > 1:
                 dist.barrier()
             if d.rank != 0:
-                self.cache.open()
+                self.cache.open(owner=False)
         # read after --compile-cache may have pointed inductor at its folder
         self.marked = enabled and key is not None and compiled_mark(key).is_file()
+
+    def precompiled(self):
+        """Where this run's whole compiled functions are kept (Precompiled): --compile-cache PATH/aot/KEY where the
+        run compiles and has a key, else None."""
+        if self.enabled and self.cache is not None and self.key is not None:
+            return self.cache.path / "aot" / self.key
+        return None
 
     def compiles_ahead(self):
         """Whether start_ahead starts processes: this run compiles, its caches did not come loaded from
@@ -412,14 +571,16 @@ class Compilation:
         """Compile before the clock starts: run() (the warmup, returning [(phase, seconds)]), then its lines
         (log_compilation, with frames(names of the graphs second processes compiled): their compile_report frames).
         Without compilation run is not called (it would only repeat work): compile_warmup_s 0. After the warmup
-        rank 0 writes the compiled_mark of the run's key."""
+        rank 0 writes the compiled_mark of the run's key, unless the steps were Precompiled (--compile-cache): their
+        compiles ahead of time leave no graph in the FX graph cache, so a later run on this inductor cache without
+        --compile-cache would find the mark but not the graphs, and compile them one after another."""
         if not self.enabled:
             self.log("compile_warmup_s: 0.0")
             return
         n_before = len(compile_metrics())
         phases = run()
         log_compilation(self.log, phases, compile_metrics()[n_before:], self.cache, self.d, frames(self.ahead_ok))
-        if self.key is not None and self.d.rank == 0:
+        if self.key is not None and self.d.rank == 0 and self.precompiled() is None:
             mark = compiled_mark(self.key)
             mark.parent.mkdir(parents=True, exist_ok=True)
             mark.touch()

@@ -317,10 +317,11 @@ class StepClock:
         return out
 
 
-def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, compiled, options):
+def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, compiled, options, precompiled=False):
     """The log's lines on the paths train_gpt.build_fns chose for ``device`` and why: (lm_head_matmul,
     embedding_backward, mlp, compile_options). fp8_why: kernels.cross_entropy.fp8_head_support's reason; options:
-    the training step's inductor options (--cpp-wrapper) or None."""
+    the training step's inductor options (--cpp-wrapper) or None; precompiled: --compile-cache's whole compiled
+    functions (compilation.Precompiled)."""
     if fp8:
         head = f"fp8 ({fp8_why}); e5m2 gradient: {'CE forward' if grad_in_fwd else 'row'} kernel + transpose copy"
     else:
@@ -344,6 +345,10 @@ def path_lines(hp, device, fp8, fp8_why, grad_in_fwd, fused_mlp, embed_accs, com
     if hp.dynamic_tokens:
         compile_line += ("; train_step's micro-batch length a dynamic size, one graph for every stage "
                          "(--dynamic-tokens: opt-in, torch._dynamo.mark_dynamic on its inputs)")
+    if precompiled:
+        compile_line += ("; train_step and val_step compiled ahead of time and kept whole in --compile-cache "
+                         "(torch.compile(...).aot_compile; opt-in: torch 2.11 needs torch._dynamo.config."
+                         "enable_aot_compile set)")
     return head, embed, mlp, compile_line
 
 

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from checkpoints import (ADDED_PARAMS, load_checkpoint, read_checkpoint, save_checkpoint, saved_hyperparameters,
                          tidy_checkpoints)
 from cli import check_settings, one_line_errors, open_run, parse_args, run_outcome, set_up_process
-from compilation import (Compilation, CompileCache, ahead_report, compile_metrics, compile_report,
+from compilation import (Compilation, CompileCache, Precompiled, ahead_report, compile_metrics, compile_report,
                          cpp_wrapper_options)
 from data.loader import BackgroundLoader, MicroBatch
 from data.prepare_text import load_gpt2
@@ -1107,11 +1107,13 @@ class ModelFns:
     compile_path: str = ""  # torch.compile's options beyond record #74's, if any (logged)
 
 
-def build_fns(hp, device, compile_model, attention="auto"):
+def build_fns(hp, device, compile_model, attention="auto", precompiled=None):
     """The model functions on ``device``, and the log's lines saying which paths they take. attention: "auto"
     (FlashAttention on CUDA, dense SDPA on the CPU) or "dense" (tests). With compile_model (CUDA), train_step and
     val_step are each one compiled region (the module docstring's Compilation). The FP8 head is chosen here, once:
-    hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (always in val_step)."""
+    hp.fp8_head and fp8_head_support(device), else the matmul in the parameters' dtype (always in val_step).
+    precompiled (with compile_model: --compile-cache's folder for this run's graphs): train_step and val_step are
+    compilation.Precompiled, whole compiled functions loaded from there or compiled ahead of time and saved."""
     attend = flash_attend if device.type == "cuda" and attention == "auto" else dense_attend
     ce = softcapped_cross_entropy if device.type == "cuda" else softcapped_cross_entropy_ref
     ok, why = fp8_head_support(device)
@@ -1126,14 +1128,18 @@ def build_fns(hp, device, compile_model, attention="auto"):
             return fused_mlp_sublayer(x, w_fc, w_proj_t, act_only=True)
     layers = make_layers(hp, attend, mlp)
 
+    # The head's closures hold the float softcap, not hp: a function saved by --compile-cache whose guards reach hp
+    # through two closures (layers' and val_loss') does not load (dynamo keeps only one of the two paths).
+    softcap = hp.softcap
+
     def loss(x, w, t, wk, head8=None):
-        return head_loss(x, w, t, wk, hp.softcap, ce, fp8, grad_in_fwd, head8)
+        return head_loss(x, w, t, wk, softcap, ce, fp8, grad_in_fwd, head8)
 
     def head_operands(lm_head):
         return fp8_head_weights(lm_head, FP8_W_S) if fp8 else None
 
     def val_loss(x, w, t, wk):
-        return head_loss(x, w, t, wk, hp.softcap, ce, False)
+        return head_loss(x, w, t, wk, softcap, ce, False)
 
     prefix = prefix_token_table(load_gpt2(), hp.vocab_size).to(device) if hp.prefix_loss else None
 
@@ -1152,11 +1158,14 @@ def build_fns(hp, device, compile_model, attention="auto"):
         options = cpp_wrapper_options() if hp.cpp_wrapper else None
         steps = [torch.compile(f, fullgraph=True, dynamic=False, options=o) for f, o in
                  ((train_step, options), (val_step, None))]
+        if precompiled is not None:
+            steps = [Precompiled(f, f.__name__, precompiled, compiled, o) for f, compiled, o in
+                     ((train_step, steps[0], options), (val_step, steps[1], None))]
     lookup = embedding if device.type == "cuda" else cpu_embedding
     # The accumulate mode is kernels.embedding's; the CPU's torch lookup has none (the flag changes nothing there).
     embed_accs = hp.embed_grad_to_acc and device.type == "cuda"
     head_path, embed_path, mlp_path, compile_path = path_lines(hp, device, fp8, why, grad_in_fwd, fused_mlp, embed_accs,
-                                                               compile_model, options)
+                                                               compile_model, options, precompiled is not None)
     return ModelFns(lookup, layers, loss, *steps, head_path=head_path, embed_accs=embed_accs, embed_path=embed_path,
                     mlp_path=mlp_path, head_operands=head_operands, compile_path=compile_path)
 
@@ -1599,7 +1608,7 @@ class TrainLoader(BackgroundLoader):
 class Trainer:
     """State of one run: parameters, optimizer, loader, compiled functions; train_step / validate."""
 
-    def __init__(self, hp, d, train_files, val_files, lap=lambda phase: None):
+    def __init__(self, hp, d, train_files, val_files, lap=lambda phase: None, precompiled=None):
         self.hp, self.d = hp, d
         self.accum = check_world_size(d.world)
         # The parameters are drawn on a second thread while build_fns imports and wraps the compiler (each a few
@@ -1607,7 +1616,7 @@ class Trainer:
         # values are those of a serial start.
         with ThreadPoolExecutor(1, thread_name_prefix="init_params") as pool:
             drawn = pool.submit(init_params, hp, d.device, hp.seed)
-            self.fns = build_fns(hp, d.device, hp.compile)
+            self.fns = build_fns(hp, d.device, hp.compile, precompiled=precompiled)
             self.params = drawn.result()
         self.initial = {k: v.detach().clone() for k, v in self.params.items()}
         lap("parameters and model functions")
@@ -1846,13 +1855,15 @@ AHEAD_ENTRY = "import train_gpt; train_gpt.compile_ahead()"  # run in HERE, the 
 AHEAD_TRAINING_GIB = 120
 
 
-def ahead_spec(hp, args, d, train_files, val_files, step):
+def ahead_spec(hp, args, d, train_files, val_files, step, precompiled=None):
     """What compile_ahead needs to make one of this run's graphs: the settings (no HellaSwag: its examples are not
     read there), this rank's device, the shards, --deterministic (torch's deterministic algorithms are part of
-    inductor's cache key) and the graph: the training step at ``step``, or validation (None)."""
+    inductor's cache key), the graph: the training step at ``step``, or validation (None), and where
+    --compile-cache keeps whole compiled functions (precompiled: Compilation.precompiled)."""
     return {"hp": dataclasses.asdict(dataclasses.replace(hp, hellaswag_every=0)), "device": str(d.device),
             "train_files": [str(f) for f in train_files], "val_files": [str(f) for f in val_files],
-            "deterministic": args.deterministic, "step": step}
+            "deterministic": args.deterministic, "step": step,
+            "precompiled": None if precompiled is None else str(precompiled)}
 
 
 # Settings that no compiled graph depends on: left out of graphs_key
@@ -1879,7 +1890,8 @@ def start_compile_ahead(compiling, hp, args, d, train_files, val_files):
     if hp.compile_ahead and compiling.compiles_ahead():
         for name, step in ahead_graphs(hp, d.device):
             compiling.start_ahead(name, [sys.executable, "-c", AHEAD_ENTRY],
-                                  ahead_spec(hp, args, d, train_files, val_files, step), HERE)
+                                  ahead_spec(hp, args, d, train_files, val_files, step, compiling.precompiled()),
+                                  HERE)
 
 
 def compile_ahead():
@@ -1897,7 +1909,8 @@ def compile_ahead():
     device = torch.device(spec["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    trainer = Trainer(hp, Dist(device=device), spec["train_files"], spec["val_files"])
+    trainer = Trainer(hp, Dist(device=device), spec["train_files"], spec["val_files"],
+                      precompiled=spec.get("precompiled"))
     t1 = time.perf_counter()
     try:
         if spec["step"] is None:
@@ -1926,7 +1939,7 @@ def train(hp, args, d, startup):
         compiling = Compilation(hp.compile, args.compile_cache, d, log, key)
         start_compile_ahead(compiling, hp, args, d, train_files, val_files)
         startup.lap("compile cache")
-        trainer = Trainer(hp, d, train_files, val_files, startup.lap)
+        trainer = Trainer(hp, d, train_files, val_files, startup.lap, precompiled=compiling.precompiled())
         fns = trainer.fns
         for name, path in (("lm_head_matmul", fns.head_path), ("embedding_backward", fns.embed_path),
                            ("mlp", fns.mlp_path), ("compile_options", fns.compile_path)):

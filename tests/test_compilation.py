@@ -82,6 +82,61 @@ def test_compile_cache_path_that_is_a_file_is_refused(tmp_path):
         CompileCache(target, _stamp()).open()  # main() prints it as one line, exit code 2
 
 
+def test_compile_cache_keeps_whole_functions_only_under_its_stamp(tmp_path, compiler_caches):
+    """PATH/aot (Precompiled's files) stays where the stamp matches; a stale stamp empties it with the rest; an
+    unstamped PATH (an interrupted save) loses it on the owner's (rank 0's) open, not on another rank's."""
+    path = tmp_path / "cc"
+
+    def whole():
+        (path / "aot" / "k").mkdir(parents=True, exist_ok=True)
+        (path / "aot" / "k" / "train_step-0123.aot").write_bytes(b"x")
+        return path / "aot" / "k" / "train_step-0123.aot"
+
+    CompileCache(path, _stamp()).open().save()
+    f = whole()
+    assert CompileCache(path, _stamp()).open().loaded and f.is_file()
+    assert not CompileCache(path, _stamp(code="other")).open().loaded and not (path / "aot").exists()
+    (path / "stamp.json").unlink(missing_ok=True)
+    f = whole()
+    assert not CompileCache(path, _stamp()).open(owner=False).loaded and f.is_file()
+    assert not CompileCache(path, _stamp()).open().loaded and not (path / "aot").exists()
+
+
+def test_compilation_keeps_whole_functions_per_graphs_key(tmp_path, compiler_caches):
+    """Compilation.precompiled: PATH/aot/KEY where the run compiles, has --compile-cache and a graphs key; None
+    otherwise (the steps are then plain torch.compile, or not compiled)."""
+    d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    path = tmp_path / "cc"
+    assert Compilation(True, str(path), d, [].append, "k1").precompiled() == path / "aot" / "k1"
+    assert Compilation(True, None, d, [].append, "k1").precompiled() is None
+    assert Compilation(True, str(path), d, [].append).precompiled() is None
+    assert Compilation(False, str(path), d, [].append, "k1").precompiled() is None
+
+
+def test_log_compilation_reports_whole_functions(compiler_caches, monkeypatch):
+    """log_compilation logs Precompiled's lines after compile_report's and forgets them; where every graph came
+    loaded whole (no frame compiled) the state is "precompiled (n whole functions loaded)", beside compiled frames
+    it is the frames' state with the count added; their FX-graph cache counts join the frames'."""
+    d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
+    monkeypatch.setattr(compilation, "unique_graphs", lambda: 0)
+    lines = []
+    compilation.PRECOMPILED[:] = [("loaded", "precompiled: train_step 0123: loaded 9.0 MiB in 1.0 s", 0, 0),
+                                  ("loaded", "precompiled: val_step 4567: loaded 4.0 MiB in 0.5 s", 0, 0)]
+    compilation.log_compilation(lines.append, [("stage0", 5.0)], [], None, d)
+    assert lines[1] == "compile_cache: precompiled (2 whole functions loaded)", lines
+    assert lines[-2:] == ["precompiled: train_step 0123: loaded 9.0 MiB in 1.0 s",
+                          "precompiled: val_step 4567: loaded 4.0 MiB in 0.5 s"] and compilation.PRECOMPILED == []
+    lines.clear()
+    compilation.PRECOMPILED[:] = [("loaded", "precompiled: train_step 0123: loaded 9.0 MiB in 1.0 s", 0, 0),
+                                  ("compiled", "precompiled: train_step 89ab: compiled and saved ...", 2, 2)]
+    compilation.log_compilation(lines.append, [("stage0", 5.0)], [], None, d)
+    assert lines[1] == "compile_cache: warm; 1 whole functions loaded", lines
+    lines.clear()
+    compilation.PRECOMPILED[:] = [("plain", "precompiled: val_step 4567: its guards refuse ...", 0, 0)]
+    compilation.log_compilation(lines.append, [("stage0", 5.0)], [], None, d)
+    assert lines[1] == "compile_cache: cold" and lines[-1] == "precompiled: val_step 4567: its guards refuse ..."
+
+
 def test_compile_report_states_and_lines():
     """The cache state from the FX-graph cache counts (cold / warm / partly warm), one line per frame with its
     phases and both caches' hits, and a total; entries without a code object (runtime events) are left out."""
@@ -296,7 +351,7 @@ def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_s
     """Compilation.warmup, on rank 0 once run() returned, writes a mark for its key in the inductor cache
     (TORCHINDUCTOR_CACHE_DIR): a later Compilation of that key there is ``marked`` and compiles nothing ahead; another
     key, another inductor cache, no key, no compilation, another rank or a warmup that raised leave or write no
-    mark."""
+    mark; nor does a run with --compile-cache (its steps Precompiled: no graph of theirs is in the FX graph cache)."""
     ind, _ = compiler_caches
     d = types.SimpleNamespace(rank=0, world=1, device=torch.device("cpu"))
     marks = lambda: sorted(str(p.relative_to(ind)) for p in ind.rglob("*") if p.is_file() and p.name != "graph.py")
@@ -308,6 +363,9 @@ def test_a_finished_warmup_marks_its_graphs_and_the_next_run_of_them_starts_no_s
         lambda: [])
     Compilation(False, None, d, [].append, "k1").warmup(lambda: [])
     Compilation(True, None, d, [].append).warmup(lambda: [])
+    filling = Compilation(True, str(tmp_path / "cc"), d, [].append, "k1")
+    assert filling.precompiled() is not None
+    filling.warmup(lambda: [("stage0", 1.0)])
     assert marks() == [] and Compilation(True, None, d, [].append, "k1").compiles_ahead()
     first.warmup(lambda: [("stage0", 1.0)])
     assert marks() == ["train_gpt_compiled/k1"]
@@ -370,3 +428,159 @@ def test_copy_cache_tree_merges_and_skips_files_removed_while_it_copies(tmp_path
     compilation.copy_cache_tree(src, dst)
     got = {str(p.relative_to(dst)): p.read_bytes() for p in dst.rglob("*") if p.is_file()}
     assert got == {"a/graph.py": b"g", "a/b/kernel.cubin": b"k" * 100, "top.json": b"{}", "a/old.py": b"o"}
+
+
+# ------------------------------------------------------------------------------------------ Precompiled
+# A two-layer step in the shape of train_step's call: a dict of parameters, token rows x (T, C) and document bounds
+# cu whose length is marked dynamic (any count of documents, one graph). The test's process never compiles: each
+# phase is a fresh interpreter, as a run and a later run are. The step runs on the GPU where there is one (inductor's
+# Triton code, as in a run), else on the CPU (inductor's C++: each phase builds its kernels, slow where many
+# processes share the cores).
+PRECOMPILED_SCRIPT = r'''
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import compilation
+folder, phase = sys.argv[2], sys.argv[3]
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+
+def step(p, x, cu):
+    h = torch.relu(x @ p["w1"]) ** 2
+    docs = (cu[1:] - cu[:-1]).float()
+    return (h @ p["w2"]).square().mean() * p["s"] + (docs * docs).mean() / x.shape[0]
+
+def inputs(T, cuts):
+    g = torch.Generator().manual_seed(T)
+    p = {"w1": torch.randn(16, 24, generator=g), "w2": torch.randn(24, 8, generator=g) / 5,
+         "s": torch.tensor(0.75)}
+    p = {k: v.to(dev).requires_grad_() for k, v in p.items()}
+    cu = torch.tensor([0, *cuts, T], dtype=torch.int32, device=dev)
+    torch._dynamo.mark_dynamic(cu, 0)
+    return p, torch.randn(T, 16, generator=g).to(dev), cu
+
+def run(f, T, cuts):
+    p, x, cu = inputs(T, cuts)
+    loss = f(p, x, cu)
+    loss.backward()
+    return [loss.item()] + [p[k].grad.flatten().tolist() for k in sorted(p)]
+
+calls = [(8, [3]), (8, [2, 5, 6]), (12, [4])]  # two lengths; the second call has another count of documents
+out = {}
+if phase == "refuse":  # one signature for every call: the second length's call reaches the first's function
+    compilation.call_signature = lambda args: "one"
+plain = torch.compile(step, fullgraph=True, dynamic=False)
+pre = compilation.Precompiled(step, "step", folder, plain)
+out["pre"] = [run(pre, T, cuts) for T, cuts in calls]
+out["plain"] = [run(plain, T, cuts) for T, cuts in calls]
+out["lines"] = [e[1] for e in compilation.PRECOMPILED]
+out["kinds"] = [e[0] for e in compilation.PRECOMPILED]
+print("RESULT " + json.dumps(out))
+'''
+
+
+def spec_step(p, x, cu):
+    """The step of PRECOMPILED_SCRIPT written again, in float64: mean over rows and outputs of ((relu(x W1))^2 W2)^2
+    times s, plus the mean squared document length over T."""
+    p = {k: v.double() for k, v in p.items()}
+    h = torch.clamp(x.double() @ p["w1"], min=0) ** 2
+    lengths = torch.diff(cu.double())
+    return ((h @ p["w2"]) ** 2).mean() * p["s"] + (lengths ** 2).mean() / x.shape[0]
+
+
+def _spec_results(T, cuts):
+    g = torch.Generator().manual_seed(T)
+    p = {"w1": torch.randn(16, 24, generator=g), "w2": torch.randn(24, 8, generator=g) / 5, "s": torch.tensor(0.75)}
+    p = {k: v.double().requires_grad_() for k, v in p.items()}
+    x, cu = torch.randn(T, 16, generator=g), torch.tensor([0, *cuts, T])
+    loss = spec_step(p, x, cu)
+    loss.backward()
+    return [loss.item()] + [p[k].grad.flatten().tolist() for k in sorted(p)]
+
+
+def _precompiled_phase(tmp_path, folder, phase):
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor_{phase}"))
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+    r = subprocess.run([sys.executable, "-c", PRECOMPILED_SCRIPT, str(Path(compilation.__file__).parent), str(folder),
+                        phase], env=env, capture_output=True, text=True, timeout=600)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(lines[0][7:])
+
+
+def _assert_near_spec(results, calls=((8, [3]), (8, [2, 5, 6]), (12, [4]))):
+    """fp32 against the float64 spec: relative 1e-5 of each quantity's largest magnitude (a few fp32 roundings
+    over sums of at most 24 terms)."""
+    for got, (T, cuts) in zip(results, calls):
+        want = _spec_results(T, cuts)
+        for g, w in zip(got, want):
+            g, w = torch.tensor(g, dtype=torch.float64), torch.tensor(w, dtype=torch.float64)
+            assert torch.allclose(g, w, rtol=0, atol=1e-5 * max(w.abs().max().item(), 1e-3)), (T, cuts, g, w)
+
+
+def test_call_signatures_tell_apart_what_the_guards_check():
+    """call_signature: another dtype, size, stride, requires_grad, device, dict key or non-tensor value is another
+    signature; another length in a dimension marked dynamic is not. quick_signature tells apart at least as much
+    (for one nesting), and is hashable."""
+    def args(x=None, cu=None, extra=3, key="w"):
+        x = torch.zeros(4, 8) if x is None else x
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32) if cu is None else cu
+        torch._dynamo.mark_dynamic(cu, 0)
+        return ({key: torch.ones(8, 8, requires_grad=True)}, x, cu, extra)
+
+    base = args()
+    same = [args(cu=torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32))]
+    other = [args(x=torch.zeros(4, 8, dtype=torch.bfloat16)), args(x=torch.zeros(5, 8)),
+             args(x=torch.zeros(8, 4).T),
+             args(x=torch.zeros(4, 8, requires_grad=True)), args(x=torch.zeros(4, 8, device="meta")),
+             args(extra=4), args(extra=None), args(key="v")]
+    sig = compilation.call_signature(base)
+    assert all(compilation.call_signature(a) == sig for a in same)
+    assert len({sig, *(compilation.call_signature(a) for a in other)}) == len(other) + 1
+    quick = compilation.quick_signature(torch.utils._pytree.tree_leaves(base))
+    hash(quick)
+    for a in other[:-1]:  # the last differs in its nesting only: the guards' to refuse
+        assert compilation.quick_signature(torch.utils._pytree.tree_leaves(a)) != quick
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or shutil.which("g++") or shutil.which("c++")),
+                    reason="inductor's CPU code needs a C++ compiler")
+def test_precompiled_saves_whole_functions_then_loads_them_bitwise(tmp_path):
+    """A first process compiles the step ahead of time once per signature (two micro-batch lengths; the second
+    call of the first length, with another count of documents, reuses its function: cu's length is dynamic) and
+    saves each; its results are those of torch.compile's plain function bit for bit, and the float64 spec's to
+    fp32 rounding. A second process, with an inductor cache of its own (empty), loads both files instead of
+    compiling, and gets the first's bits; with one file cut short it compiles that one again (and says why)."""
+    folder = tmp_path / "aot"
+    first = _precompiled_phase(tmp_path, folder, "first")
+    assert first["kinds"] == ["compiled", "compiled"], first["lines"]
+    assert all(re.fullmatch(r"precompiled: step [0-9a-f]{16}: compiled and saved \d+\.\d MiB in \d+\.\d s "
+                            r"\(fx_graph_cache \d+/\d+ hits\)", x) for x in first["lines"]), first["lines"]
+    assert first["pre"] == first["plain"], "the precompiled function is not torch.compile's"
+    _assert_near_spec(first["pre"])
+    files = sorted(folder.glob("step-*.aot"))
+    assert len(files) == 2 and not list(folder.glob(".*.tmp")), sorted(folder.iterdir())
+
+    second = _precompiled_phase(tmp_path, folder, "second")
+    assert second["kinds"] == ["loaded", "loaded"], second["lines"]
+    assert second["pre"] == first["pre"], "the loaded functions computed other bits"
+
+    files[1].write_bytes(files[1].read_bytes()[:1000])  # an interrupted copy
+    third = _precompiled_phase(tmp_path, folder, "third")
+    assert sorted(third["kinds"]) == ["compiled", "loaded"], third["lines"]
+    redone = next(x for x, k in zip(third["lines"], third["kinds"]) if k == "compiled")
+    assert f"{files[1]} did not load (" in redone and "compiled and saved" in redone, redone
+    assert third["pre"] == first["pre"]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or shutil.which("g++") or shutil.which("c++")),
+                    reason="inductor's CPU code needs a C++ compiler")
+def test_precompiled_function_whose_guards_refuse_a_call_leaves_it_to_torch_compile(tmp_path):
+    """With call_signature made blind to the length, the 12-row call reaches the function compiled for 8 rows: its
+    guards refuse it, one line says so, and that call and the next ones of the signature go to the plain
+    torch.compile, with the right results."""
+    out = _precompiled_phase(tmp_path, tmp_path / "aot", "refuse")
+    assert out["kinds"] == ["compiled", "plain"], out["lines"]
+    assert re.fullmatch(r"precompiled: step [0-9a-f]{16}: its guards refuse this call: compiled as usual",
+                        out["lines"][1]), out["lines"]
+    assert out["pre"] == out["plain"]
+    _assert_near_spec(out["pre"])

@@ -32,6 +32,7 @@ from tolerances import assert_close_report, assert_matches_torch
 
 import checkpoints
 import cli
+import compilation
 import run_log
 import train_gpt as tg
 from compilation import unique_graphs
@@ -435,32 +436,44 @@ def test_graphs_compiled_by_second_processes_are_cache_hits_gpu(gpu_runs):
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
 def test_a_warm_run_of_the_same_graphs_starts_no_second_processes_gpu(gpu_runs):
-    """Run "b" is run "a"'s command on a's caches: a's compile warmup left its graphs' mark there, so b starts no
-    second process and says why, and every graph it compiles is an FX graph cache hit. Run "a" itself (cold)
-    started its second processes (test_graphs_compiled_by_second_processes_are_cache_hits_gpu)."""
-    text = gpu_runs["b"][0]
-    assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == [
-        "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
+    """Runs "b" and "resumed" run on a's caches: a's compile warmup left its graphs' mark there, so neither starts a
+    second process, and each says why. Every graph "resumed" compiles is an FX graph cache hit. Run "b" has an
+    empty --compile-cache: its training and validation steps are compilation.Precompiled, each graph compiled
+    ahead of time as a whole function and saved there (one line each, no frame compiled by dynamo's usual path).
+    Run "a" itself (cold) started its second processes (test_graphs_compiled_by_second_processes_are_cache_hits_gpu)."""
+    none = ["compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
+    for run in ("b", "resumed"):
+        text = gpu_runs[run][0]
+        assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == none, run
     hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
-                                                        text, re.M)]
+                                                        gpu_runs["resumed"][0], re.M)]
     assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
-    assert re.search(r"^compile_cache: warm \(--compile-cache \S+: empty: compiling\)$", text, re.M)
+    text = gpu_runs["b"][0]
+    saved = re.findall(r"^precompiled: (\w+) [0-9a-f]{16}: compiled and saved \d+\.\d MiB in \d+\.\d s "
+                       r"\(fx_graph_cache \d+/\d+ hits\)$", text, re.M)
+    assert sorted(set(saved)) == ["train_step", "val_step"] and saved.count("train_step") >= 2, \
+        [x for x in text.splitlines() if x.startswith("precompiled")]
+    assert not re.search(r"^compile_report: frame ", text, re.M), "a graph compiled outside Precompiled"
+    assert re.search(r"^compile_cache: .+ \(--compile-cache \S+: empty: compiling\)$", text, re.M)
     assert re.search(r"^compile_cache_saved: \S+ \d+ MiB in \d+\.\d s$", text, re.M)
+    assert "compiled ahead of time and kept whole in --compile-cache" in text, "the compile_options line says nothing"
 
 
 @on_gpu_runs
 @pytest.mark.skipif(not HAS_CUDA, reason="compilation runs on CUDA only")
-def test_compile_cache_loaded_into_empty_caches_is_warm_and_bitwise_gpu(gpu_runs):
+def test_compile_cache_loaded_into_empty_caches_loads_whole_functions_bitwise_gpu(gpu_runs):
     """Run "cached" starts with empty inductor and Triton caches of its own and loads a copy, in another folder, of
-    the --compile-cache run "b" saved: the log says loaded, every compiled graph is an FX graph cache hit, the
-    compiled mark came with the cache (no second process starts, and the log says why), and its losses and final
-    weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels are the ones that ran there)."""
+    the --compile-cache run "b" saved: the log says loaded, every whole function "b" saved is loaded (no dynamo
+    trace, no frame compiled), the compiled mark came with the cache (no second process starts, and the log says
+    why), and its losses and final weights are bitwise run "a"'s (--deterministic: the loaded graphs and kernels
+    are the ones that ran there)."""
     text, steps, vals, ckpt = gpu_runs["cached"]
-    assert re.search(r"^compile_cache: loaded \S+moved_cache \(warm\)$", text, re.M), \
-        [x for x in text.splitlines() if x.startswith("compile_cache")]
-    hits = [(int(m[1]), int(m[2])) for m in re.finditer(r"^compile_report: frame .*; fx_graph_cache (\d+)/(\d+) hits",
-                                                        text, re.M)]
-    assert len(hits) == 3 and all(h == n > 0 for h, n in hits), hits
+    saved = re.findall(r"^precompiled: (\w+ [0-9a-f]{16}): compiled and saved ", gpu_runs["b"][0], re.M)
+    loaded = re.findall(r"^precompiled: (\w+ [0-9a-f]{16}): loaded \d+\.\d MiB in \d+\.\d s$", text, re.M)
+    assert sorted(loaded) == sorted(saved) and saved, [x for x in text.splitlines() if x.startswith("precompiled")]
+    assert re.search(rf"^compile_cache: loaded \S+moved_cache \(precompiled \({len(saved)} whole functions "
+                     rf"loaded\)\)$", text, re.M), [x for x in text.splitlines() if x.startswith("compile_cache")]
+    assert not re.search(r"^compile_report: frame ", text, re.M), "a graph compiled after all"
     assert [x for x in text.splitlines() if x.startswith("compile_ahead")] == [
         "compile_ahead: none started: a run of these graphs finished its compile warmup with this inductor cache"]
     _, steps_a, vals_a, ckpt_a = gpu_runs["a"]
@@ -529,9 +542,9 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
         threads.append(threading.current_thread())
         return real_init(*args)
 
-    def build_fns(*args):
+    def build_fns(*args, **kw):
         torch.rand(1000)  # the global generator moves while the parameters are drawn
-        return real_build(*args)
+        return real_build(*args, **kw)
     monkeypatch.setattr(tg, "init_params", init_params)
     monkeypatch.setattr(tg, "build_fns", build_fns)
     tr = tg.Trainer(hp, cpu, shard_files(hp.train_files), shard_files(hp.val_files))
@@ -552,7 +565,7 @@ def test_trainer_draws_init_params_on_a_second_thread_with_the_serial_values(smo
 
 
 @pytest.mark.parametrize("graph", ["validation", "stage 1"])
-def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph):
+def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph, tmp_path):
     """compile_ahead, started as the run starts it (AHEAD_ENTRY in train_gpt.py's folder, the spec of ahead_spec on
     stdin), rebuilds the run's settings (HellaSwag off) and validates the micro-batch the compile warmup validates,
     or runs the training step the warmup runs first at stage 1's micro-batch length: its loss is bitwise the run's
@@ -569,6 +582,9 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
                                                 tg.Hyperparameters, tg.Stage)
     assert rebuilt == dataclasses.replace(hp, hellaswag_every=0)
     assert spec["device"] == "cpu" and spec["deterministic"] is True and spec["step"] == step
+    assert spec["precompiled"] is None  # no --compile-cache; with one, its folder (Trainer's precompiled)
+    assert tg.ahead_spec(hp, types.SimpleNamespace(deterministic=True), d, train_files, val_files, step,
+                         tmp_path / "aot")["precompiled"] == str(tmp_path / "aot")
     res = subprocess.run([sys.executable, "-c", tg.AHEAD_ENTRY], cwd=tg.HERE, input=json.dumps(spec), text=True,
                          capture_output=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -594,7 +610,8 @@ def test_compile_ahead_process_runs_the_graph_as_the_run_does(smoke_data, graph)
 def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
     """start_compile_ahead: one process per ahead_graphs entry, each with its spec, where the run compiles ahead;
     none with --no-compile-ahead, none where Compilation says no (no compilation, a loaded --compile-cache, the
-    graphs marked compiled in this inductor cache: then, unless --no-compile-ahead, the log says why)."""
+    graphs marked compiled in this inductor cache: then, unless --no-compile-ahead, the log says why). Each spec
+    names the run's folder of whole compiled functions (Compilation.precompiled: --compile-cache's, or None)."""
     hp, d = tg.Hyperparameters(), Dist(device=torch.device("cpu"))
 
     class Compiling:
@@ -605,8 +622,12 @@ def test_compile_ahead_starts_a_process_per_graph_unless_turned_off():
         def compiles_ahead(self):
             return self.ahead
 
+        def precompiled(self):
+            return Path("cc/aot/k")
+
         def start_ahead(self, what, command, spec, cwd):
             self.started.append((what, command, spec["step"], cwd))
+            assert spec["precompiled"] == str(Path("cc/aot/k"))
     args = types.SimpleNamespace(deterministic=False)
     on = Compiling(True)
     tg.start_compile_ahead(on, hp, args, d, ["t.bin"], ["v.bin"])
@@ -914,6 +935,96 @@ def test_cpp_wrapper_reaches_the_training_steps_compile_only(monkeypatch, on):
     if on:
         with torch._inductor.config.patch(train_options):  # each one an option of this torch's inductor
             pass
+
+
+@pytest.mark.parametrize("cpp", [False, True])
+def test_compile_cache_makes_both_steps_precompiled_over_their_plain_compiles(monkeypatch, tmp_path, cpp):
+    """With a folder for whole compiled functions (--compile-cache's, Compilation.precompiled), build_fns makes
+    train_step and val_step compilation.Precompiled around the functions it would compile, with the plain
+    torch.compile (the same options) as their fallback, keeping them in that folder; the log line says so. Without
+    the folder the steps are the plain compiles, and without compilation the folder is not used."""
+    calls = []
+    monkeypatch.setattr(tg.torch, "compile", lambda f, **kw: calls.append((f.__name__, kw)) or (lambda *a: f))
+    hp = dataclasses.replace(tg.smoke_hyperparameters(), cpp_wrapper=cpp)
+    fns = tg.build_fns(hp, torch.device("cpu"), compile_model=True, precompiled=tmp_path / "aot")
+    steps = (fns.train_step, fns.val_step)
+    assert all(isinstance(s, compilation.Precompiled) for s in steps)
+    assert [(s.name, s.fn.__name__, s.folder, s.options) for s in steps] == [
+        ("train_step", "train_step", tmp_path / "aot", tg.cpp_wrapper_options() if cpp else None),
+        ("val_step", "val_step", tmp_path / "aot", None)]
+    assert [s.fallback() for s in steps] == [s.fn for s in steps]  # each fallback is torch.compile of its own fn
+    assert [name for name, _ in calls] == ["train_step", "val_step"]
+    assert "compiled ahead of time and kept whole in --compile-cache" in fns.compile_path
+    plain = tg.build_fns(hp, torch.device("cpu"), compile_model=True)
+    assert not isinstance(plain.train_step, compilation.Precompiled) and "kept whole" not in plain.compile_path
+    eager = tg.build_fns(hp, torch.device("cpu"), compile_model=False, precompiled=tmp_path / "aot")
+    assert eager.train_step.__name__ == "train_step" and eager.compile_path == "not compiled"
+
+
+STEPS_SAVED_SCRIPT = r'''
+import functools, hashlib, json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+folder, layout = sys.argv[2], sys.argv[3]
+# The eager backend: what is at stake here is dynamo's guards, saved with each function and rebuilt by the loading
+# process; inductor would add a minute of C++ compiling per process and nothing to that.
+torch.compile = functools.partial(torch.compile, backend="eager")
+import compilation
+import train_gpt as tg
+
+features = dict(one_stream=True, mudd=True, xsa=True, backout_layer=0, num_heads=4, head_dim=16)
+hp = tg.smoke_hyperparameters(**(features if layout == "default_features" else {}))
+dev = torch.device("cpu")
+g = torch.Generator().manual_seed(8)
+ids = torch.randint(0, hp.bos_id, (256,), generator=g).to(torch.int32)
+ids[0] = ids[100] = hp.bos_id
+big = tg.bigram_hash(ids, hp.bigram_vocab_size, hp.bos_id)
+mb = tg.MicroBatch(ids, torch.randint(0, hp.bos_id, (256,), generator=g), tg.prepare_ids(ids, hp.vocab_size),
+                   bigram=big, bigram_prep=tg.prepare_ids(big, hp.bigram_vocab_size))
+mtp = torch.tensor([1.0, 0.5, 0.25])
+
+
+def losses_and_grads(compile_model):
+    params = {k: v.detach().requires_grad_() for k, v in tg.init_params(hp, dev, 7).items()}
+    fns = tg.build_fns(hp, dev, compile_model=compile_model, attention="dense", precompiled=folder)
+    loss = tg.forward(hp, params, fns, mb, (1, 2), {}, train=True, mtp=mtp)
+    loss.backward()
+    grads = [params[k].grad for k in sorted(params) if params[k].grad is not None]
+    for p in params.values():
+        p.grad = None  # as the trainer leaves them at validation (folded into its accumulators)
+    with torch.no_grad():
+        val = tg.forward(hp, params, fns, mb, (1, 2), {}, train=False)
+    h = hashlib.sha256()
+    for t in [loss.detach(), val] + grads:
+        h.update(t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
+out = {"eager": losses_and_grads(False), "pre": losses_and_grads(True)}
+out["entries"] = [e[:2] for e in compilation.PRECOMPILED]
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("layout", ["record74", "default_features"])
+def test_both_steps_saved_by_precompiled_load_whole_in_a_new_process(tmp_path, layout):
+    """build_fns' train_step and val_step under --compile-cache (compilation.Precompiled; dynamo's eager backend
+    here): a first process compiles each ahead of time and saves it, a second loads both files and no step falls
+    back to the plain compile (a function whose guards cannot be rebuilt from its file, such as one reaching an
+    object through two closures, would); the loss, the validation loss and every gradient are eager's bits in
+    both. The smoke layout, and with the default's features (one stream, MUDD, XSA)."""
+    def phase():
+        r = subprocess.run([sys.executable, "-c", STEPS_SAVED_SCRIPT, str(REPO), str(tmp_path / "aot"), layout],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, TRITON_INTERPRET="1"))
+        lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+        return json.loads(lines[0][7:])
+
+    first, second = phase(), phase()
+    assert [k for k, _ in first["entries"]] == ["compiled", "compiled"], first["entries"]
+    assert sorted(x.split()[1] for _, x in first["entries"]) == ["train_step", "val_step"], first["entries"]
+    assert [k for k, _ in second["entries"]] == ["loaded", "loaded"], second["entries"]
+    assert first["pre"] == first["eager"] and second["pre"] == first["eager"], (first, second)
 
 
 @pytest.mark.parametrize("accumulate", [False, True], ids=["dense_fold", "embed_grad_to_acc"])
