@@ -1,13 +1,14 @@
 #!/bin/bash
-# Usage: bash .anchor/s73/probe_fresh.sh BUDGET_S   (a FRESH machine; .anchor/s72/cc.tar.xz as in fresh2.sh)
+# Usage: bash .anchor/s73/probe_fresh.sh BUDGET_S [CACHE_TAR]   (a FRESH machine; CACHE_TAR: a packed --compile-cache
+# from another machine of this kind, unpacked at /tmp/cc, the path it was filled at; default .anchor/s74/cc.tar.xz)
 # Where does a fresh machine's first start on a moved --compile-cache spend the ~35 s its second start does not?
 # (2026-11-29: 65.3 s then 28.3 s; with the libraries read ahead 61.0 s then 32.6 s: not the cold disk.)
 # Both starts run under a stack sampler (sampler/sitecustomize.py: $OUT/q/stack_NAME.0), and after each start
 # every file written on the machine since the one before is counted by folder (what machine-wide state the first
 # start leaves for the second: autotuning results, a JIT cache, compiled launchers...).
 source .anchor/s72/common2.sh
-budget=$1
-mkdir -p /tmp/cc && tar -C /tmp/cc -xJf $A/s72/cc.tar.xz && du -sh /tmp/cc
+budget=$1; tarball=${2:-$A/s74/cc.tar.xz}
+sha256sum $tarball; mkdir -p /tmp/cc && tar -C /tmp/cc -xJf $tarball && du -sh /tmp/cc
 newfiles() {  # files written since the mark $1, counted by their folder (3 levels), top 25; then the mark moves
   find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path $OUT -o -path /tmp/logs \) -prune -o -type f \
     -newer $1 -print 2>/dev/null | awk -F/ '{d=$2"/"$3"/"$4; if (NF<=4) d=$2"/"$3; n[d]++} END{for (k in n) print n[k], k}' \
