@@ -14,6 +14,7 @@ newfiles() {  # files written since the mark $1, counted by their folder (3 leve
     -newer $1 -print 2>/dev/null | awk -F/ '{d=$2"/"$3"/"$4; if (NF<=4) d=$2"/"$3; n[d]++} END{for (k in n) print n[k], k}' \
     | sort -rn | head -25 | sed 's/^/  new: /'
   find / -xdev -newer $1 -name '*.best_config' 2>/dev/null | head -3 | sed 's/^/  best_config: /'
+  find /tmp/cc/triton -newer $1 -type f 2>/dev/null | head -24 | sed 's/^/  new in cc\/triton: /'
   ls -la ~/.nv/ComputeCache 2>/dev/null | head -3 | sed 's/^/  ComputeCache: /'; touch $1; }
 touch /tmp/mark; sleep 1
 for name in first second; do
