@@ -26,6 +26,20 @@ for f in glob.glob("/tmp/cc/aot/*/*.aot"):
         inside += ok; outside += not ok
 print(f"inductor files named by the .aot files: {inside} in /tmp/cc/inductor, {outside} elsewhere")
 PY
+python3 - <<'PY'
+# the whole functions' signatures (.sig beside each .aot): where the compile-ahead processes' keys differ from the
+# run's own, the lines that differ (the run never loads their files)
+import difflib, glob, collections
+by = collections.defaultdict(list)
+for f in sorted(glob.glob("/tmp/cc/aot/*/*.sig")):
+    by[f.rsplit("/", 1)[1].split("-")[0]].append(f)
+for name, files in by.items():
+    print(name, len(files), "signatures")
+    texts = [open(f).read().splitlines() for f in files]
+    for i in range(1, len(texts)):
+        d = [l for l in difflib.unified_diff(texts[0], texts[i], lineterm="", n=0) if l[:1] in "+-" and l[:3] not in ("+++", "---")]
+        print(f"  {files[0].rsplit('/', 1)[1]} vs {files[i].rsplit('/', 1)[1]}: {len(d)} lines differ", *[x[:160] for x in d[:8]], sep="\n    ")
+PY
 du -sh /tmp/cc/* 2>&1; cat /tmp/cc/stamp.json
 XZ_OPT=-T0 tar -C /tmp/cc -cJf /tmp/cc.tar.xz . && split -b 15M -d /tmp/cc.tar.xz $OUT/cc.tar.xz.part && sha256sum /tmp/cc.tar.xz && ls -la $OUT
 job loaded aotB 150 --compile-cache /tmp/cc || exit 0
