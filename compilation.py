@@ -302,8 +302,8 @@ def call_signature(args):
 def quick_signature(leaves):
     """A hashable stand-in for call_signature of the call whose pytree leaves are ``leaves``, cheaper to make (one
     per call): each leaf's type and, for a tensor, its sizes, strides, dtype, device and requires_grad (a dynamic
-    size as it is: one entry per count of documents), else the leaf itself. Calls with equal quick signatures and one nesting have equal signatures (a
-    nesting that changed is for the function's guards to refuse)."""
+    size as it is: one entry per count of documents), else the leaf itself. Calls with equal quick signatures and
+    one nesting have equal signatures (a nesting that changed is for the function's guards to refuse)."""
     return tuple((type(x), x.shape, x.stride(), x.dtype, x.device, x.requires_grad)
                  if isinstance(x, torch.Tensor) else (type(x), x) for x in leaves)
 
